@@ -1,0 +1,42 @@
+"""Flax NNX ports of Qwen3, Qwen3-MoE and Gemma 3 (text) with Hugging Face checkpoint I/O.
+
+```python
+from harnax import models
+model = models.load_pretrained(path)           # HF directory -> CausalLM
+logits = model(input_ids, attention_mask=mask) # [B, T, V] float32, left padding allowed
+models.save_pretrained(model, path)            # back to the HF format
+```
+"""
+
+from harnax.models.config import DecoderConfig, RopeConfig
+from harnax.models.gemma3 import Gemma3Config
+from harnax.models.hf import (
+    CheckpointError,
+    abstract_model,
+    config_from_hf_dict,
+    from_config,
+    load_pretrained,
+    save_pretrained,
+)
+from harnax.models.model import AttentionCache, Cache, CausalLM, param_count, positions_from_mask
+from harnax.models.qwen3 import Qwen3Config
+from harnax.models.qwen3_moe import Qwen3MoeConfig
+
+__all__ = [
+    "AttentionCache",
+    "Cache",
+    "CausalLM",
+    "CheckpointError",
+    "DecoderConfig",
+    "Gemma3Config",
+    "Qwen3Config",
+    "Qwen3MoeConfig",
+    "RopeConfig",
+    "abstract_model",
+    "config_from_hf_dict",
+    "from_config",
+    "load_pretrained",
+    "param_count",
+    "positions_from_mask",
+    "save_pretrained",
+]

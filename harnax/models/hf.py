@@ -1,0 +1,240 @@
+"""Hugging Face directories <-> NNX models: architecture registry, loading and saving.
+
+Loading reads every shard header first, checks the whole checkpoint against the model's
+mapping (collecting *all* missing / unexpected / wrong-shape tensors into one error), then
+reads tensors shard by shard from memory maps, converting each to a device array right away
+(optionally straight into its sharded layout), so the host never holds a second full copy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping as TMapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from harnax.models import gemma3, mapping, qwen3, qwen3_moe, safetensors_io
+from harnax.models.config import DecoderConfig
+from harnax.models.model import CausalLM
+
+FAMILIES = {
+    qwen3.ARCHITECTURE: (qwen3.Qwen3Config, qwen3.rules),
+    qwen3_moe.ARCHITECTURE: (qwen3_moe.Qwen3MoeConfig, qwen3_moe.rules),
+    gemma3.ARCHITECTURE: (gemma3.Gemma3Config, gemma3.rules),
+}
+MODEL_TYPES = {qwen3.MODEL_TYPE: qwen3.ARCHITECTURE, qwen3_moe.MODEL_TYPE: qwen3_moe.ARCHITECTURE,
+               gemma3.MODEL_TYPE: gemma3.ARCHITECTURE}
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+class CheckpointError(ValueError):
+  """A checkpoint does not match the model; ``problems`` lists every mismatch."""
+
+  def __init__(self, path: str, problems: list[str]):
+    self.problems = problems
+    super().__init__(f"checkpoint {path} does not match the model ({len(problems)} problems):\n  "
+                     + "\n  ".join(problems))
+
+
+def architecture_of(d: TMapping[str, Any]) -> str:
+  """Supported architecture name of a config dict (``architectures`` first, then ``model_type``)."""
+  archs = d.get("architectures") or []
+  for arch in archs:
+    if arch in FAMILIES:
+      return arch
+  if not archs and d.get("model_type") in MODEL_TYPES:
+    return MODEL_TYPES[d["model_type"]]
+  raise ValueError(f"config.architectures: unsupported architecture {archs or None} "
+                   f"(model_type={d.get('model_type')!r}); supported: {sorted(FAMILIES)}")
+
+
+def config_from_hf_dict(d: TMapping[str, Any]) -> DecoderConfig:
+  """Family config from a ``config.json`` dict, dispatched on the architecture."""
+  return FAMILIES[architecture_of(d)][0].from_hf_dict(d)
+
+
+def rules_for(cfg: DecoderConfig) -> list[mapping.Rule]:
+  return FAMILIES[cfg.architecture][1](cfg)
+
+
+def _param_shapes(state) -> dict[str, tuple[int, ...]]:
+  return {mapping.path_str(p): tuple(v.get_value().shape) for p, v in nnx.to_flat_state(state)}
+
+
+def model_mapping(cfg: DecoderConfig, state) -> mapping.Mapping:
+  return mapping.Mapping(rules_for(cfg), _param_shapes(state), ignore=mapping.IGNORED)
+
+
+def _shard_files(path: str) -> list[str]:
+  index = os.path.join(path, INDEX_FILE)
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    return sorted(set(weight_map.values()))
+  if os.path.exists(os.path.join(path, SINGLE_FILE)):
+    return [SINGLE_FILE]
+  raise FileNotFoundError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+
+def check_checkpoint(m: mapping.Mapping, present: dict[str, tuple[int, ...]], *,
+                     tied: bool) -> list[str]:
+  """All problems of a checkpoint (name -> shape) against a mapping; empty when it fits."""
+  expected = m.expected()
+  problems = []
+  for name in sorted(set(expected) - set(present)):
+    problems.append(f"missing tensor {name} (for {expected[name].path})")
+  for name in sorted(set(present) - set(expected)):
+    if m.is_ignored(name) or (tied and name == "lm_head.weight"):
+      continue  # derived buffers / a redundant copy of a tied embedding
+    problems.append(f"unexpected tensor {name} {list(present[name])}")
+  for name in sorted(set(present) & set(expected)):
+    want = m.hf_shape(expected[name])
+    if tuple(present[name]) != want:
+      problems.append(f"wrong shape for {name}: expected {list(want)}, got {list(present[name])}")
+  return problems
+
+
+def abstract_model(cfg: DecoderConfig, *, param_dtype=jnp.float32, moe_impl: str = "ragged"):
+  """The model with ``ShapeDtypeStruct`` leaves: costs nothing, for shapes and param counts."""
+  return nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype,
+                                         moe_impl=moe_impl))
+
+
+def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
+                    moe_impl: str = "ragged") -> CausalLM:
+  """Loads a Hugging Face model directory into a :class:`CausalLM`.
+
+  Args:
+    path: directory with ``config.json`` and ``model.safetensors`` or sharded
+      ``model-0000x-of-0000y.safetensors`` + ``model.safetensors.index.json``.
+    dtype: parameter dtype (default float32).
+    mesh: optional ``jax.sharding.Mesh``; each parameter is placed directly in the layout
+      given by its logical axes and ``rules`` (default ``harnax.parallel.DEFAULT_RULES``).
+    moe_impl: ``"ragged"`` (grouped matmuls) or ``"dense"`` (every expert on every token).
+
+  Raises:
+    ValueError: unsupported architecture or a config field out of range.
+    CheckpointError: the tensors do not match the model (lists all mismatches).
+  """
+  with open(os.path.join(path, "config.json")) as f:
+    cfg = config_from_hf_dict(json.load(f))
+  graphdef, state = nnx.split(abstract_model(cfg, param_dtype=dtype, moe_impl=moe_impl))
+  m = model_mapping(cfg, state)
+  expected = m.expected()
+  files = _shard_files(path)
+  present = {}
+  for file in files:
+    present.update(safetensors_io.tensor_shapes(os.path.join(path, file)))
+  problems = check_checkpoint(m, present, tied=cfg.tie_word_embeddings)
+  if problems:
+    raise CheckpointError(path, problems)
+
+  flat = dict(nnx.to_flat_state(state))
+  by_str = {mapping.path_str(p): p for p in flat}
+  shardings = _shardings(flat, mesh, rules) if mesh is not None else {}
+  loaded: dict[tuple, jax.Array] = {}
+  partial: dict[str, tuple[np.ndarray, int]] = {}  # stacked expert tensors being filled
+
+  def place(path_s: str, array: np.ndarray):
+    p = by_str[path_s]
+    sharding = shardings.get(p)
+    loaded[p] = jax.device_put(array, sharding) if sharding is not None else jnp.asarray(array)
+
+  np_dtype = np.dtype(jnp.dtype(dtype))
+  for file in files:
+    names = [n for n in safetensors_io.tensor_shapes(os.path.join(path, file)) if n in expected]
+    for name, tensor in safetensors_io.iter_tensors(os.path.join(path, file), names):
+      target = expected[name]
+      array = mapping.from_hf(tensor, target.transform).astype(np_dtype)
+      if target.expert is None:
+        place(target.path, array)
+        continue
+      shape = m.param_shapes[target.path]
+      buf, count = partial.get(target.path, (None, 0))
+      if buf is None:
+        buf = np.empty(shape, np_dtype)
+      buf[target.expert] = array
+      partial[target.path] = (buf, count + 1)
+      if count + 1 == shape[0]:
+        place(target.path, buf)
+        del partial[target.path]
+  new_state = nnx.from_flat_state([(p, v.replace(value=loaded[p])) for p, v in flat.items()])
+  return nnx.merge(graphdef, new_state)
+
+
+def _shardings(flat, mesh, rules):
+  from harnax import parallel  # local import: sharding is optional at load time
+  rules = parallel.DEFAULT_RULES if rules is None else rules
+  out = {}
+  for p, v in flat.items():
+    axes = v.get_metadata().get("axes")
+    spec = parallel.logical_to_spec(axes, v.get_value().shape, mesh, rules)
+    out[p] = jax.sharding.NamedSharding(mesh, spec)
+  return out
+
+
+def _hf_tensors(model: CausalLM, m: mapping.Mapping, dtype):
+  """Yields ``(hf_name, nbytes, thunk)``; the thunk materialises the numpy tensor on demand."""
+  flat = {mapping.path_str(p): v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  for path_s, var in flat.items():
+    for name, expert, rule in m.hf_names(path_s):
+      shape = m.param_shapes[path_s][1:] if expert is not None else m.param_shapes[path_s]
+      out_dtype = np.dtype(jnp.dtype(dtype or var.get_value().dtype))
+      nbytes = math.prod(shape) * out_dtype.itemsize
+
+      def thunk(var=var, expert=expert, rule=rule, out_dtype=out_dtype):
+        value = var.get_value()
+        array = np.asarray(value[expert] if expert is not None else value)
+        return np.ascontiguousarray(mapping.to_hf(array, rule.transform)).astype(out_dtype)
+
+      yield name, nbytes, thunk
+
+
+def save_pretrained(model: CausalLM, path: str, *, max_shard_bytes: int = 4 * 1024**3,
+                    dtype=None) -> None:
+  """Writes ``model`` as a Hugging Face directory that transformers can load.
+
+  Writes ``config.json`` and ``model.safetensors``, or, above ``max_shard_bytes``, shards
+  ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``. Shards are
+  materialised one at a time. ``dtype`` optionally casts the saved tensors.
+  """
+  os.makedirs(path, exist_ok=True)
+  cfg = model.config
+  m = model_mapping(cfg, nnx.state(model, nnx.Param))
+  tensors = list(_hf_tensors(model, m, dtype))
+  shards: list[list] = [[]]
+  size = 0
+  for item in tensors:
+    if shards[-1] and size + item[1] > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(item)
+    size += item[1]
+  n = len(shards)
+  weight_map = {}
+  for i, shard in enumerate(shards):
+    file = SINGLE_FILE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+    safetensors_io.write(os.path.join(path, file), {name: thunk() for name, _, thunk in shard})
+    weight_map.update({name: file for name, _, _ in shard})
+  if n > 1:
+    index = {"metadata": {"total_size": sum(t[1] for t in tensors)}, "weight_map": weight_map}
+    with open(os.path.join(path, INDEX_FILE), "w") as f:
+      json.dump(index, f, indent=2, sort_keys=True)
+  elif os.path.exists(os.path.join(path, INDEX_FILE)):
+    os.remove(os.path.join(path, INDEX_FILE))
+  hf = cfg.to_hf_dict()
+  hf["dtype"] = str(np.dtype(jnp.dtype(dtype or model.dtype)))
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2, sort_keys=True)
+
+
+def from_config(cfg: DecoderConfig, *, seed: int = 0, param_dtype=jnp.float32,
+                moe_impl: str = "ragged") -> CausalLM:
+  """A randomly initialised model (tests, benchmarks)."""
+  return CausalLM(cfg, rngs=nnx.Rngs(seed), param_dtype=param_dtype, moe_impl=moe_impl)

@@ -1,0 +1,386 @@
+"""Layers shared by every model family: RMSNorm, RoPE, attention, gated MLP, routed MoE.
+
+Each layer is a thin NNX module around a pure function that does the math, so the math can be
+tested and reused (e.g. by a later linear-attention layer) without the module. Parameters keep
+Hugging Face semantics (the checkpoint mapping is a renaming plus transposition): linear
+kernels are stored ``[in, out]``, norm weights as in the checkpoint (Gemma's ``1 + w`` is applied
+in the forward pass, never folded in).
+
+Every ``nnx.Param`` carries ``axes``: its logical axis names, read by ``harnax.parallel``.
+Norms, softmaxes and RoPE angles are computed in float32 whatever the parameter dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from harnax.models.config import RopeConfig
+from harnax.parallel import constrain
+
+Array = jax.Array
+_INIT_STD = 0.02
+
+
+def _normal(rngs: nnx.Rngs, shape, dtype) -> Array:
+  return (_INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm
+# ---------------------------------------------------------------------------------------------
+def rms_norm(x: Array, weight: Array, *, eps: float, style: str) -> Array:
+  """Root-mean-square norm over the last axis, computed in float32.
+
+  Args:
+    x: [..., D] activations (any float dtype; the result has the same dtype).
+    weight: [D] scale.
+    eps: added to the mean square before the reciprocal square root.
+    style: ``"scale"`` multiplies by ``w`` (Qwen/Llama); ``"one_plus_scale"`` by ``1 + w``
+      (Gemma, whose weights are stored zero-centred).
+  """
+  x32 = x.astype(jnp.float32)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+  w = weight.astype(jnp.float32)
+  scale = 1.0 + w if style == "one_plus_scale" else w
+  return (normed * scale).astype(x.dtype)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm with one weight vector ``[dim]`` (HF ``*.weight``)."""
+
+  def __init__(self, dim: int, *, eps: float, style: str, dtype=jnp.float32):
+    init = jnp.zeros if style == "one_plus_scale" else jnp.ones  # both mean "identity"
+    self.weight = nnx.Param(init((dim,), dtype), axes=("norm",))
+    self.eps = eps
+    self.style = style
+
+  def __call__(self, x: Array) -> Array:
+    return rms_norm(x, self.weight[...], eps=self.eps, style=self.style)
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear / embedding
+# ---------------------------------------------------------------------------------------------
+class Linear(nnx.Module):
+  """``y = x @ kernel (+ bias)``; ``kernel`` is ``[in, out]`` (the HF weight transposed)."""
+
+  def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str], use_bias: bool = False,
+               dtype=jnp.float32, rngs: nnx.Rngs):
+    self.kernel = nnx.Param(_normal(rngs, (d_in, d_out), dtype), axes=axes)
+    self.bias = nnx.Param(jnp.zeros((d_out,), dtype), axes=(axes[1],)) if use_bias else None
+
+  def __call__(self, x: Array) -> Array:
+    y = x @ self.kernel[...]
+    if self.bias is not None:
+      y = y + self.bias[...]
+    return y
+
+
+class Embed(nnx.Module):
+  """Token embedding table ``[vocab, hidden]`` (HF ``embed_tokens.weight``)."""
+
+  def __init__(self, vocab: int, dim: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    self.embedding = nnx.Param(_normal(rngs, (vocab, dim), dtype), axes=("vocab", "embed"))
+
+  def __call__(self, ids: Array) -> Array:
+    return jnp.take(self.embedding[...], ids, axis=0)
+
+  def attend(self, x: Array) -> Array:
+    """Tied output projection: ``x @ embedding.T`` with float32 accumulation -> [..., vocab]."""
+    return jnp.einsum("...d,vd->...v", x, self.embedding[...], preferred_element_type=jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary position embeddings
+# ---------------------------------------------------------------------------------------------
+def rope_frequencies(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:
+  """Inverse frequencies ``[head_dim // 2]`` and the cos/sin multiplier of a RoPE variant.
+
+  Implements HF ``rope_type`` semantics: ``default``; ``linear`` (positions divided by
+  ``factor``); ``llama3`` (wavelength-dependent interpolation between ``low_freq_factor`` and
+  ``high_freq_factor``); ``yarn`` (NTK-by-parts ramp between ``beta_fast``/``beta_slow``
+  rotations, with ``attention_factor`` scaling cos and sin).
+  """
+  dim = head_dim
+  exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
+  inv_freq = 1.0 / (rope.theta ** exponents)
+  scaling = 1.0
+  if rope.rope_type == "linear":
+    inv_freq = inv_freq / rope.factor
+  elif rope.rope_type == "llama3":
+    old_len = rope.original_max_position_embeddings
+    low_wavelen = old_len / rope.low_freq_factor
+    high_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor -
+                                                           rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    inv_freq = np.where(medium, smoothed, scaled)
+  elif rope.rope_type == "yarn":
+    inv_freq, scaling = _yarn(rope, dim)
+  return inv_freq.astype(np.float32), float(scaling)
+
+
+def _yarn(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
+  factor, base = rope.factor, rope.theta
+  old_len = rope.original_max_position_embeddings
+
+  def mscale(scale, m=1.0):
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+  if rope.attention_factor is not None:
+    attention_factor = rope.attention_factor
+  elif rope.mscale and rope.mscale_all_dim:
+    attention_factor = mscale(factor, rope.mscale) / mscale(factor, rope.mscale_all_dim)
+  else:
+    attention_factor = mscale(factor)
+  beta_fast = rope.beta_fast or 32
+  beta_slow = rope.beta_slow or 1
+
+  def correction_dim(rotations):
+    return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+  low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+  if rope.truncate:
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dim - 1)
+  if low == high:
+    high += 0.001  # avoid a zero-width ramp
+  ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+  extrapolation_weight = 1 - ramp
+  pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+  inv_freq = (1 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1 / pos_freqs) * extrapolation_weight
+  return inv_freq, attention_factor
+
+
+def rope_cos_sin(positions: Array, inv_freq: np.ndarray, scaling: float) -> tuple[Array, Array]:
+  """cos and sin tables ``[B, T, head_dim]`` (float32) for integer ``positions [B, T]``."""
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles) * scaling, jnp.sin(angles) * scaling
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+  """Rotates ``x [B, T, heads, head_dim]`` (half-split pairing, as HF ``rotate_half``)."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos = cos[:, :, None, :].astype(x.dtype)
+  sin = sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------
+def attention_mask(q_pos: Array, k_pos: Array, k_valid: Array, *, window: int | None) -> Array:
+  """Boolean mask ``[B, T, S]``: query t may attend key s.
+
+  Causality and the sliding window are decided on *positions* (not array slots), so left
+  padding, right padding after a completion and a partly filled KV cache all work the same.
+
+  Args:
+    q_pos: [B, T] positions of the queries.
+    k_pos: [B, S] positions of the keys.
+    k_valid: [B, S] whether key s is a real token (not padding / an empty cache slot).
+    window: if set, a key is visible only when ``q_pos - k_pos < window`` (HF semantics).
+  """
+  diff = q_pos[:, :, None] - k_pos[:, None, :]
+  mask = (diff >= 0) & k_valid[:, None, :]
+  if window is not None:
+    mask &= diff < window
+  return mask
+
+
+def attend(q: Array, k: Array, v: Array, mask: Array, *, scale: float,
+           softcap: float | None = None) -> Array:
+  """Grouped-query softmax attention.
+
+  Args:
+    q: [B, T, H, D] queries.
+    k, v: [B, S, K, D] keys and values with K dividing H (query head h uses kv head h // (H/K)).
+    mask: [B, T, S] boolean.
+    scale: multiplier of q·k.
+    softcap: if set, logits become ``softcap * tanh(logits / softcap)`` before masking.
+
+  Returns:
+    [B, T, H, D]. A query with no visible key (a padding slot) gets the mean of the values,
+    never NaN.
+  """
+  b, t, h, d = q.shape
+  kv_heads = k.shape[2]
+  qg = q.reshape(b, t, kv_heads, h // kv_heads, d)
+  logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+  if softcap is not None:
+    logits = softcap * jnp.tanh(logits / softcap)
+  # A finite floor rather than -inf keeps fully masked rows (padding queries) NaN-free.
+  logits = jnp.where(mask[:, None, None, :, :], logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, h, d)
+
+
+class Attention(nnx.Module):
+  """Multi-head attention with GQA, optional q/k RMSNorm, sliding window and logit soft-cap.
+
+  The layer is stateless: the caller passes keys/values to attend over (the cache logic lives
+  in the model), so a different mixer (e.g. linear attention) can replace it per layer type.
+  """
+
+  def __init__(self, cfg, layer_type: str, *, dtype, rngs: nnx.Rngs):
+    h, kv, d, hidden = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    bias = cfg.attention_bias
+    self.q_proj = Linear(hidden, h * d, axes=("embed", "q_heads"), use_bias=bias, dtype=dtype, rngs=rngs)
+    self.k_proj = Linear(hidden, kv * d, axes=("embed", "kv_heads"), use_bias=bias, dtype=dtype, rngs=rngs)
+    self.v_proj = Linear(hidden, kv * d, axes=("embed", "kv_heads"), use_bias=bias, dtype=dtype, rngs=rngs)
+    self.o_proj = Linear(h * d, hidden, axes=("q_heads", "embed"), use_bias=bias, dtype=dtype, rngs=rngs)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(d, eps=cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
+      self.k_norm = RMSNorm(d, eps=cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
+    else:
+      self.q_norm = self.k_norm = None
+    self.num_heads, self.num_kv_heads, self.head_dim = h, kv, d
+    self.scale = cfg.attention_scale
+    self.softcap = cfg.attn_logit_softcapping
+    self.window = cfg.window_for(layer_type)
+    inv_freq, self.rope_scaling = rope_frequencies(cfg.rope_for(layer_type), d)
+    self.inv_freq = tuple(float(f) for f in inv_freq)  # static, hashable
+
+  def project_qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
+    """[B, T, hidden] -> rotated q [B, T, H, D], rotated k and v [B, T, K, D]."""
+    b, t, _ = x.shape
+    q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+    k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+    v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32), self.rope_scaling)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    q = constrain(q, ("batch", "seq", "act_heads", None))
+    return q, k, v
+
+  def attend_and_project(self, q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array,
+                         k_valid: Array) -> Array:
+    """Attention over given keys/values followed by the output projection -> [B, T, hidden]."""
+    mask = attention_mask(q_pos, k_pos, k_valid, window=self.window)
+    out = attend(q, k, v, mask, scale=self.scale, softcap=self.softcap)
+    b, t = out.shape[:2]
+    return self.o_proj(out.reshape(b, t, -1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Feed-forward: gated MLP and routed mixture of experts
+# ---------------------------------------------------------------------------------------------
+def activation(name: str):
+  if name == "silu":
+    return jax.nn.silu
+  if name == "gelu_pytorch_tanh":
+    return lambda x: jax.nn.gelu(x, approximate=True)
+  raise ValueError(f"activation: expected 'silu' or 'gelu_pytorch_tanh', got {name!r}")
+
+
+class GatedMLP(nnx.Module):
+  """``down(act(gate(x)) * up(x))`` (HF ``gate_proj``/``up_proj``/``down_proj``)."""
+
+  def __init__(self, hidden: int, intermediate: int, *, act: str, dtype, rngs: nnx.Rngs):
+    self.gate_proj = Linear(hidden, intermediate, axes=("embed", "mlp"), dtype=dtype, rngs=rngs)
+    self.up_proj = Linear(hidden, intermediate, axes=("embed", "mlp"), dtype=dtype, rngs=rngs)
+    self.down_proj = Linear(intermediate, hidden, axes=("mlp", "embed"), dtype=dtype, rngs=rngs)
+    self.act = act
+
+  def __call__(self, x: Array) -> Array:
+    h = activation(self.act)(self.gate_proj(x)) * self.up_proj(x)
+    h = constrain(h, ("batch", "seq", "act_mlp"))
+    return self.down_proj(h)
+
+
+def route_top_k(router_logits: Array, k: int, *, normalize: bool) -> tuple[Array, Array]:
+  """Qwen3-MoE routing: softmax over all experts (float32), keep the top k.
+
+  Args:
+    router_logits: [N, E].
+    k: experts per token.
+    normalize: ``norm_topk_prob``: renormalize the k kept probabilities to sum to one.
+
+  Returns:
+    weights [N, k] float32 and expert indices [N, k] int32.
+  """
+  probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+  weights, experts = jax.lax.top_k(probs, k)
+  if normalize:
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  return weights, experts.astype(jnp.int32)
+
+
+def experts_ragged(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
+                   down: Array, act) -> Array:
+  """Routed expert MLPs computed only for the chosen (token, expert) pairs.
+
+  Sorts the N*k assignments by expert and runs one grouped matmul per projection
+  (``lax.ragged_dot``), so the cost is k expert MLPs per token, not E.
+
+  Args:
+    x: [N, hidden]; weights: [N, k]; experts: [N, k] int.
+    gate, up: [E, hidden, I]; down: [E, I, hidden].
+  Returns:
+    [N, hidden]: sum over the k chosen experts of weight * expert_mlp(x).
+  """
+  n, k = experts.shape
+  num_experts = gate.shape[0]
+  flat = experts.reshape(-1)
+  order = jnp.argsort(flat, stable=True)
+  token = order // k
+  xs = jnp.take(x, token, axis=0)
+  sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+  h = act(jax.lax.ragged_dot(xs, gate, sizes)) * jax.lax.ragged_dot(xs, up, sizes)
+  y = jax.lax.ragged_dot(h, down, sizes)
+  y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
+  return jnp.zeros_like(x).at[token].add(y)
+
+
+def experts_dense(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
+                  down: Array, act) -> Array:
+  """Same result as :func:`experts_ragged`, computing every expert on every token.
+
+  E times the FLOPs, but only einsums: the layout that shards trivially over an expert axis.
+  """
+  num_experts = gate.shape[0]
+  combine = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=jnp.float32) * weights[..., None],
+                    axis=1)  # [N, E]
+  h = act(jnp.einsum("nh,ehi->nei", x, gate)) * jnp.einsum("nh,ehi->nei", x, up)
+  y = jnp.einsum("nei,eih->neh", h, down)
+  return jnp.einsum("neh,ne->nh", y, combine.astype(y.dtype))
+
+
+class MoE(nnx.Module):
+  """Top-k routed experts with Qwen3-MoE semantics (no shared expert).
+
+  Parameters: ``router [hidden, E]`` (HF ``mlp.gate.weight`` transposed) and per-expert
+  projections stacked on a leading expert axis (HF ``mlp.experts.{e}.*_proj.weight``).
+  """
+
+  def __init__(self, cfg, *, dtype, rngs: nnx.Rngs, impl: str = "ragged"):
+    e, hdim, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    self.router = nnx.Param(_normal(rngs, (hdim, e), dtype), axes=("embed", None))
+    self.gate_proj = nnx.Param(_normal(rngs, (e, hdim, i), dtype), axes=("experts", "embed", "mlp"))
+    self.up_proj = nnx.Param(_normal(rngs, (e, hdim, i), dtype), axes=("experts", "embed", "mlp"))
+    self.down_proj = nnx.Param(_normal(rngs, (e, i, hdim), dtype), axes=("experts", "mlp", "embed"))
+    self.k = cfg.num_experts_per_tok
+    self.normalize = cfg.norm_topk_prob
+    self.act = cfg.activation
+    self.impl = impl
+
+  def __call__(self, x: Array) -> Array:
+    shape = x.shape
+    flat = x.reshape(-1, shape[-1])
+    weights, experts = route_top_k(flat @ self.router[...], self.k, normalize=self.normalize)
+    fn = experts_ragged if self.impl == "ragged" else experts_dense
+    out = fn(flat, weights, experts, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
+             activation(self.act))
+    return out.reshape(shape)

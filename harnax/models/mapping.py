@@ -1,0 +1,157 @@
+"""Checkpoint name mapping as data: ``hf_name_pattern -> (our_path, transform)``.
+
+One table per family, used in both directions. Patterns use two placeholders: ``{layer}``
+(decoder layer index, same on both sides) and ``{expert}`` (only on the HF side: the HF
+checkpoint stores one tensor per expert, we store them stacked on a leading expert axis).
+
+Transforms are named, not lambdas, so the table can be printed in the docs: ``identity`` or
+``transpose`` (HF ``nn.Linear`` weights are ``[out, in]``; our kernels are ``[in, out]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterable, Iterator
+
+import numpy as np
+
+TRANSFORMS = ("identity", "transpose")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  hf: str
+  ours: str
+  transform: str = "identity"
+
+  @property
+  def stacked(self) -> bool:
+    return "{expert}" in self.hf
+
+  def hf_regex(self) -> re.Pattern:
+    return _compile(self.hf)
+
+  def ours_regex(self) -> re.Pattern:
+    return _compile(self.ours)
+
+
+def _compile(pattern: str) -> re.Pattern:
+  escaped = re.escape(pattern)
+  escaped = escaped.replace(r"\{layer\}", r"(?P<layer>\d+)").replace(r"\{expert\}",
+                                                                     r"(?P<expert>\d+)")
+  return re.compile(f"^{escaped}$")
+
+
+def to_hf(array: np.ndarray, transform: str) -> np.ndarray:
+  """Our layout -> HF layout (one tensor, or one expert slice)."""
+  return array.T if transform == "transpose" else array
+
+
+def from_hf(array: np.ndarray, transform: str) -> np.ndarray:
+  """HF layout -> our layout (both transforms are involutions)."""
+  return array.T if transform == "transpose" else array
+
+
+def path_str(path: tuple) -> str:
+  return ".".join(str(p) for p in path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Where one HF tensor goes: our param path, optional expert slot, transform."""
+
+  path: str
+  expert: int | None
+  transform: str
+
+
+class Mapping:
+  """A family's rule table bound to the parameter paths of one model instance."""
+
+  def __init__(self, rules: Iterable[Rule], param_shapes: dict[str, tuple[int, ...]],
+               ignore: Iterable[str] = ()):
+    self.rules = tuple(rules)
+    for r in self.rules:
+      if r.transform not in TRANSFORMS:
+        raise ValueError(f"Rule {r.hf!r}: transform must be one of {TRANSFORMS}")
+    self.param_shapes = dict(param_shapes)
+    self.ignore = tuple(re.compile(p) for p in ignore)
+    self._hf = [(r, r.hf_regex()) for r in self.rules]
+    self._ours = [(r, r.ours_regex()) for r in self.rules]
+
+  def rule_for_param(self, path: str) -> tuple[Rule, dict[str, str]]:
+    for rule, regex in self._ours:
+      m = regex.match(path)
+      if m:
+        return rule, m.groupdict()
+    raise KeyError(f"no checkpoint rule for parameter {path!r}")
+
+  def hf_names(self, path: str) -> Iterator[tuple[str, int | None, Rule]]:
+    """HF tensor names of one of our params: ``(name, expert or None, rule)``."""
+    rule, groups = self.rule_for_param(path)
+    if rule.stacked:
+      for e in range(self.param_shapes[path][0]):
+        yield rule.hf.format(expert=e, **groups), e, rule
+    else:
+      yield rule.hf.format(**groups), None, rule
+
+  def expected(self) -> dict[str, Target]:
+    """Every HF tensor name this model needs -> where it goes."""
+    out = {}
+    for path in self.param_shapes:
+      for name, expert, rule in self.hf_names(path):
+        out[name] = Target(path, expert, rule.transform)
+    return out
+
+  def hf_shape(self, target: Target) -> tuple[int, ...]:
+    shape = self.param_shapes[target.path]
+    if target.expert is not None:
+      shape = shape[1:]
+    return tuple(reversed(shape)) if target.transform == "transpose" else tuple(shape)
+
+  def is_ignored(self, name: str) -> bool:
+    return any(p.search(name) for p in self.ignore)
+
+  def table(self) -> list[tuple[str, str, str]]:
+    """The rules as rows ``(hf pattern, our path, transform)`` (for docs)."""
+    return [(r.hf, r.ours, r.transform) for r in self.rules]
+
+
+def common_rules(*, post_attn_name: str) -> list[Rule]:
+  """Rules shared by the Qwen3 and Gemma 3 layouts.
+
+  Args:
+    post_attn_name: our module that HF ``post_attention_layernorm`` maps to: the pre-MLP norm
+      for Qwen (``mlp_norm``), the norm after attention for Gemma (``post_attn_norm``).
+  """
+  layer = "model.layers.{layer}"
+  ours = "layers.{layer}"
+  rules = [
+      Rule("model.embed_tokens.weight", "embed_tokens.embedding"),
+      Rule("model.norm.weight", "norm.weight"),
+      Rule("lm_head.weight", "lm_head.kernel", "transpose"),
+      Rule(f"{layer}.input_layernorm.weight", f"{ours}.attn_norm.weight"),
+      Rule(f"{layer}.post_attention_layernorm.weight", f"{ours}.{post_attn_name}.weight"),
+      Rule(f"{layer}.self_attn.q_norm.weight", f"{ours}.attn.q_norm.weight"),
+      Rule(f"{layer}.self_attn.k_norm.weight", f"{ours}.attn.k_norm.weight"),
+  ]
+  for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+    rules.append(Rule(f"{layer}.self_attn.{proj}.weight", f"{ours}.attn.{proj}.kernel", "transpose"))
+    rules.append(Rule(f"{layer}.self_attn.{proj}.bias", f"{ours}.attn.{proj}.bias"))
+  for proj in ("gate_proj", "up_proj", "down_proj"):
+    rules.append(Rule(f"{layer}.mlp.{proj}.weight", f"{ours}.mlp.{proj}.kernel", "transpose"))
+  return rules
+
+
+def moe_rules() -> list[Rule]:
+  layer = "model.layers.{layer}.mlp"
+  ours = "layers.{layer}.mlp"
+  rules = [Rule(f"{layer}.gate.weight", f"{ours}.router", "transpose")]
+  for proj in ("gate_proj", "up_proj", "down_proj"):
+    rules.append(Rule(f"{layer}.experts.{{expert}}.{proj}.weight", f"{ours}.{proj}", "transpose"))
+  return rules
+
+
+# Tensors some checkpoints carry that are derived, not parameters.
+IGNORED = (r"rotary_emb\.inv_freq$",)

@@ -1,0 +1,226 @@
+"""The decoder-only causal LM shared by Qwen3, Qwen3-MoE and Gemma 3, and its KV cache.
+
+One module, configured by :class:`~harnax.models.config.DecoderConfig`: the families differ
+only in data (norm style, activation, sandwich norms, embedding scale, attention scale,
+soft-caps, per-layer attention kind and MLP kind). Per-layer state lives in a tuple of
+per-layer caches, so a hybrid stack can give each layer type its own state.
+
+Positions come from the attention mask (``cumsum(mask) - 1``), which makes left padding
+exact; the KV cache stores the position and validity of every slot.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from harnax.models.config import DecoderConfig
+from harnax.models.layers import Attention, Embed, GatedMLP, Linear, MoE, RMSNorm
+from harnax.parallel import constrain
+
+Array = jax.Array
+
+
+@struct.dataclass
+class AttentionCache:
+  """Keys and values of one attention layer: ``k``, ``v`` [B, L, K, D]."""
+
+  k: Array
+  v: Array
+
+
+@struct.dataclass
+class Cache:
+  """Preallocated decoding state (static shapes).
+
+  Attributes:
+    layers: one per-layer cache per decoder layer (``AttentionCache`` for attention layers).
+    positions: [B, L] int32 position of the token in each slot.
+    valid: [B, L] bool, slot holds a real token (False for padding and unwritten slots).
+    index: scalar int32, next slot to write (shared by the batch: sequences are left-padded).
+  """
+
+  layers: tuple[Any, ...]
+  positions: Array
+  valid: Array
+  index: Array
+
+  @property
+  def max_length(self) -> int:
+    return self.valid.shape[1]
+
+
+def positions_from_mask(mask: Array, start: Array | None = None) -> Array:
+  """Positions [B, T] of the tokens of a (left-)padded batch; padding gets position 0."""
+  pos = jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1
+  if start is not None:
+    pos = pos + start[:, None]
+  return jnp.where(mask, pos, 0)
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm residual block: attention then MLP/MoE, with Gemma's optional post-norms."""
+
+  def __init__(self, cfg: DecoderConfig, index: int, *, dtype, rngs: nnx.Rngs,
+               moe_impl: str = "ragged"):
+    norm = lambda: RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
+    self.layer_type = cfg.layer_types[index]
+    self.attn_norm = norm()
+    self.attn = Attention(cfg, self.layer_type, dtype=dtype, rngs=rngs)
+    self.post_attn_norm = norm() if cfg.sandwich_norms else None
+    self.mlp_norm = norm()
+    if cfg.mlp_kinds[index] == "moe":
+      self.mlp = MoE(cfg, dtype=dtype, rngs=rngs, impl=moe_impl)
+    else:
+      self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, act=cfg.activation, dtype=dtype,
+                          rngs=rngs)
+    self.post_mlp_norm = norm() if cfg.sandwich_norms else None
+
+  def __call__(self, x: Array, positions: Array, mask: Array,
+               cache: AttentionCache | None, cache_positions: Array | None,
+               cache_valid: Array | None, index: Array | None):
+    """One block. Without a cache the keys are the inputs themselves.
+
+    Args:
+      x: [B, T, hidden]; positions, mask: [B, T].
+      cache: this layer's cache, or None. ``cache_positions``/``cache_valid`` [B, L] already
+        include the new tokens written at slot ``index``.
+    Returns:
+      (new x [B, T, hidden], new layer cache or None).
+    """
+    h = self.attn_norm(x)
+    q, k, v = self.attn.project_qkv(h, positions)
+    if cache is None:
+      k_all, v_all, k_pos, k_valid, new_cache = k, v, positions, mask, None
+    else:
+      zero = jnp.zeros((), jnp.int32)
+      k_all = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (zero, index, zero, zero))
+      v_all = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (zero, index, zero, zero))
+      k_pos, k_valid = cache_positions, cache_valid
+      new_cache = AttentionCache(k=k_all, v=v_all)
+    h = self.attn.attend_and_project(q, k_all, v_all, positions, k_pos, k_valid)
+    if self.post_attn_norm is not None:
+      h = self.post_attn_norm(h)
+    x = x + h
+    h = self.mlp(self.mlp_norm(x))
+    if self.post_mlp_norm is not None:
+      h = self.post_mlp_norm(h)
+    x = constrain(x + h, ("batch", "seq", "act_embed"))
+    return x, new_cache
+
+
+class CausalLM(nnx.Module):
+  """Decoder-only causal language model (HF ``*ForCausalLM``).
+
+  ``model(input_ids, attention_mask=mask)`` -> logits [B, T, V] float32. With ``cache=`` the
+  call appends the tokens to the cache and returns ``(logits, new_cache)``.
+  """
+
+  def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs | None = None,
+               param_dtype=jnp.float32, moe_impl: str = "ragged"):
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    self.config = config
+    self.embed_tokens = Embed(config.vocab_size, config.hidden_size, dtype=param_dtype, rngs=rngs)
+    self.layers = nnx.List([
+        DecoderLayer(config, i, dtype=param_dtype, rngs=rngs, moe_impl=moe_impl)
+        for i in range(config.num_layers)
+    ])
+    self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, style=config.norm_style,
+                        dtype=param_dtype)
+    if config.tie_word_embeddings:
+      self.lm_head = None  # the output projection *is* embed_tokens.embedding
+    else:
+      self.lm_head = Linear(config.hidden_size, config.vocab_size, axes=("embed", "vocab"),
+                            dtype=param_dtype, rngs=rngs)
+
+  @property
+  def dtype(self):
+    return self.embed_tokens.embedding[...].dtype
+
+  def init_cache(self, batch_size: int, max_length: int, dtype=None) -> Cache:
+    """Empty cache for ``batch_size`` sequences of at most ``max_length`` tokens."""
+    cfg = self.config
+    dtype = dtype or self.dtype
+    shape = (batch_size, max_length, cfg.num_kv_heads, cfg.head_dim)
+    layers = tuple(AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+                   for _ in range(cfg.num_layers))
+    return Cache(layers=layers, positions=jnp.zeros((batch_size, max_length), jnp.int32),
+                 valid=jnp.zeros((batch_size, max_length), bool), index=jnp.zeros((), jnp.int32))
+
+  def hidden_states(self, input_ids: Array, attention_mask: Array | None = None, *,
+                    cache: Cache | None = None) -> tuple[Array, Cache | None]:
+    """Final-norm hidden states [B, T, hidden] (and the updated cache, if one is given)."""
+    cfg = self.config
+    if input_ids.ndim != 2:
+      raise ValueError(f"input_ids: expected shape [batch, seq], got {input_ids.shape}")
+    b, t = input_ids.shape
+    mask = (jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool))
+    if mask.shape != (b, t):
+      raise ValueError(f"attention_mask: expected shape {(b, t)}, got {mask.shape}")
+    x = self.embed_tokens(input_ids)
+    if cfg.scale_embeddings:
+      # Gemma multiplies by sqrt(hidden) rounded to the parameter dtype, in the forward pass.
+      x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=x.dtype)
+    x = constrain(x, ("batch", "seq", "act_embed"))
+
+    if cache is None:
+      positions = positions_from_mask(mask)
+      index = cache_positions = cache_valid = None
+    else:
+      if t > cache.max_length:
+        raise ValueError(f"input_ids: {t} tokens do not fit a cache of max_length "
+                         f"{cache.max_length}")
+      start = jnp.sum(cache.valid, axis=1).astype(jnp.int32)
+      positions = positions_from_mask(mask, start)
+      index = cache.index
+      zero = jnp.zeros((), jnp.int32)
+      cache_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (zero, index))
+      cache_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (zero, index))
+
+    new_layers = []
+    for i, layer in enumerate(self.layers):
+      layer_cache = None if cache is None else cache.layers[i]
+      x, new_layer_cache = layer(x, positions, mask, layer_cache, cache_positions, cache_valid,
+                                 index)
+      new_layers.append(new_layer_cache)
+    x = self.norm(x)
+    if cache is None:
+      return x, None
+    return x, Cache(layers=tuple(new_layers), positions=cache_positions, valid=cache_valid,
+                    index=cache.index + t)
+
+  def logits(self, hidden: Array) -> Array:
+    """Output projection of hidden states -> float32 logits [..., V] (final soft-cap applied)."""
+    if self.lm_head is None:
+      logits = self.embed_tokens.attend(hidden)
+    else:
+      logits = jnp.einsum("...d,dv->...v", hidden, self.lm_head.kernel[...],
+                          preferred_element_type=jnp.float32)
+    cap = self.config.final_logit_softcapping
+    if cap is not None:
+      logits = cap * jnp.tanh(logits / cap)
+    return constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
+
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
+               cache: Cache | None = None):
+    """Logits [B, T, V] float32; with ``cache``, ``(logits, new_cache)``.
+
+    Args:
+      input_ids: [B, T] int token ids, left padding allowed.
+      attention_mask: [B, T], 1/True for real tokens. Defaults to all ones.
+      cache: optional :class:`Cache`; the tokens are written at slots
+        ``[cache.index, cache.index + T)``.
+    """
+    hidden, new_cache = self.hidden_states(input_ids, attention_mask, cache=cache)
+    logits = self.logits(hidden)
+    return logits if cache is None else (logits, new_cache)
+
+
+def param_count(model_or_state) -> int:
+  """Number of parameters (a tied embedding counts once)."""
+  state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(state))

@@ -1,0 +1,74 @@
+"""Minimal reader/writer for the safetensors format (header JSON + raw little-endian bytes).
+
+Own code rather than the ``safetensors`` package so that bfloat16 works with plain numpy
+(through ``ml_dtypes``, which JAX ships) and so that tensors are memory-mapped one at a time:
+a shard is never materialised as a whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Iterable, Iterator
+
+import ml_dtypes
+import numpy as np
+
+_DTYPES = {
+    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def read_header(path: str) -> tuple[dict, int]:
+  """Returns (header without ``__metadata__``, byte offset of the data section)."""
+  with open(path, "rb") as f:
+    (size,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(size))
+  header.pop("__metadata__", None)
+  return header, 8 + size
+
+
+def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
+  header, _ = read_header(path)
+  return {k: tuple(v["shape"]) for k, v in header.items()}
+
+
+def iter_tensors(path: str, names: Iterable[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
+  """Yields ``(name, array)``; arrays are read-only views on a memory map of the file."""
+  header, start = read_header(path)
+  data = np.memmap(path, dtype=np.uint8, mode="r", offset=start)
+  for name in (header if names is None else names):
+    info = header[name]
+    if info["dtype"] not in _DTYPES:
+      raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+    begin, end = info["data_offsets"]
+    yield name, data[begin:end].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+  """Writes ``tensors`` (name -> array) to ``path`` in safetensors format."""
+  header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
+  offset = 0
+  for name, array in tensors.items():
+    dtype = np.dtype(array.dtype)
+    if dtype not in _NAMES:
+      raise ValueError(f"tensor {name!r}: unsupported dtype {dtype}")
+    nbytes = array.size * dtype.itemsize
+    header[name] = {"dtype": _NAMES[dtype], "shape": list(array.shape),
+                    "data_offsets": [offset, offset + nbytes]}
+    offset += nbytes
+  blob = json.dumps(header, separators=(",", ":")).encode()
+  blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
+  tmp = path + ".tmp"
+  with open(tmp, "wb") as f:
+    f.write(struct.pack("<Q", len(blob)))
+    f.write(blob)
+    for array in tensors.values():
+      f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+  os.replace(tmp, path)

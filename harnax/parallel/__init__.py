@@ -1,0 +1,23 @@
+"""Meshes and sharding rules shared by solvers and models."""
+
+from harnax.parallel.sharding import (
+    DEFAULT_RULES,
+    MESH_AXES,
+    constrain,
+    current_mesh,
+    logical_to_spec,
+    make_mesh,
+    sharding_rules,
+    tree_shardings,
+)
+
+__all__ = [
+    "DEFAULT_RULES",
+    "MESH_AXES",
+    "constrain",
+    "current_mesh",
+    "logical_to_spec",
+    "make_mesh",
+    "sharding_rules",
+    "tree_shardings",
+]
