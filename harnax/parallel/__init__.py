@@ -7,6 +7,8 @@ from harnax.parallel.sharding import (
     current_mesh,
     logical_to_spec,
     make_mesh,
+    module_shardings,
+    shard_module,
     sharding_rules,
     tree_shardings,
 )
@@ -18,6 +20,8 @@ __all__ = [
     "current_mesh",
     "logical_to_spec",
     "make_mesh",
+    "module_shardings",
+    "shard_module",
     "sharding_rules",
     "tree_shardings",
 ]

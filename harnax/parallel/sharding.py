@@ -154,3 +154,31 @@ def tree_shardings(abstract_tree: Any, axes_tree: Any, mesh: Mesh,
   out = [NamedSharding(mesh, logical_to_spec(a, tuple(x.shape), mesh, rules))
          for a, x in zip(flat_axes, leaves)]
   return jax.tree.unflatten(treedef, out)
+
+
+def module_shardings(module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> dict[tuple, NamedSharding]:
+  """``{param path: NamedSharding}`` from the ``axes`` metadata of a Flax NNX module's variables.
+
+  Variables without ``axes`` metadata are replicated.
+  """
+  from flax import nnx  # parallel itself does not need flax; only module helpers do
+
+  out = {}
+  for path, var in nnx.to_flat_state(nnx.state(module)):
+    value = var.get_value()
+    axes = var.get_metadata().get("axes")
+    out[path] = NamedSharding(mesh, logical_to_spec(axes, value.shape, mesh, rules))
+  return out
+
+
+def shard_module(module, mesh: Mesh, rules: Rules = DEFAULT_RULES):
+  """Moves every variable of an NNX module to its sharded layout (in place); returns it."""
+  from flax import nnx
+
+  shardings = module_shardings(module, mesh, rules)
+  flat = nnx.to_flat_state(nnx.state(module))
+  placed = nnx.from_flat_state([
+      (path, var.replace(value=jax.device_put(var.get_value(), shardings[path])))
+      for path, var in flat])
+  nnx.update(module, placed)
+  return module
