@@ -8,17 +8,10 @@ Three methods reach the same fixed point `V* = T V*` (see `bellman.py`):
   `V - T V` (Jacobian `I - gamma P_pi`): `pi_k ∝ pi_ref exp(Q_{h_k} / tau)`,
   `h_{k+1} = V^{pi_k}` by an exact linear solve. Quadratic locally.
 
-All three iterate on *centred* values `h` and certify every iterate with
-MacQueen's bounds, valid for any monotone operator with `T(V + c) = TV + gamma c`
-(the soft operator is one). Writing `V = h + kappa / (1 - gamma)` with
-`kappa = mean(T h)`, one application of `T` gives
-
-  Delta = T V - V = T h - h - kappa,
-  T V + g min(Delta) <= V* <= T V + g max(Delta),   g = gamma / (1 - gamma),
-
-so the midpoint is within `g * span(Delta) / 2` of `V*` in sup-norm. The loop
-stops when that bound is below `tol`, when it stalls at the rounding floor, or
-at `max_iters`; nothing leaves the device per sweep.
+All three iterate on centred values and certify every iterate with MacQueen's
+bounds (`fixed_point.py`): the returned `v` is within `error_bound` of `V*` in
+sup-norm. The loop stops on the bound, on a stall at the rounding floor, or at
+`max_iters`; nothing leaves the device per sweep.
 
 Differentiation: the returned `V*` is wrapped in a `custom_jvp` that applies the
 implicit function theorem at the fixed point,
@@ -38,6 +31,7 @@ import numpy as np
 from jax import lax
 
 from harnax.core import bellman
+from harnax.core import fixed_point
 from harnax.core import linear
 from harnax.core import mdp as mdp_lib
 from harnax.core import validation as val
@@ -88,107 +82,16 @@ def _operator(mdp, pi_ref, tau, hard):
   return lambda h: bellman.soft_bellman_operator(mdp, h, pi_ref, tau)
 
 
-def _certify(apply_t, h, gamma):
-  """One application of T at `V = h + mean(T h)/(1-gamma)`: bound and midpoint.
-
-  Returns:
-    (next centred iterate, Delta, bound, certified midpoint V).
-  """
-  y = apply_t(h)
-  kappa = jnp.mean(y)
-  delta = y - h - kappa
-  lo, hi = jnp.min(delta), jnp.max(delta)
-  g = gamma / (1.0 - gamma)
-  bound = g * (hi - lo) / 2.0
-  v_mid = y + (gamma * kappa + gamma * (lo + hi) / 2.0) / (1.0 - gamma)
-  return y - kappa, delta, bound, v_mid
-
-
-class _LoopState(NamedTuple):
-  k: Array
-  h: Array
-  v: Array
-  bound: Array
-  best: Array
-  since_best: Array
-  extra: tuple
-
-
-def _run(step, h0, extra0, cfg: _Config):
-  """Shared while-loop: `step(h, extra) -> (h_next, extra, bound, v_mid)`."""
-  dtype = h0.dtype
-  inf = jnp.asarray(jnp.inf, dtype)
-  init = _LoopState(jnp.asarray(0, jnp.int32), h0, h0, inf, inf, jnp.asarray(0, jnp.int32),
-                    extra0)
-
-  def cond(st):
-    return ((st.k < cfg.max_iters) & (st.bound > cfg.tol) & (st.since_best < cfg.patience))
-
-  def body(st):
-    h, extra, bound, v_mid = step(st.h, st.extra)
-    improved = bound < st.best
-    # Keep the best certified midpoint: rounding can make later bounds worse.
-    v = jnp.where(improved, v_mid, st.v)
-    best = jnp.where(improved, bound, st.best)
-    since = jnp.where(improved, 0, st.since_best + 1)
-    return _LoopState(st.k + 1, h, v, best, best, since, extra)
-
-  out = lax.while_loop(cond, body, init)
-  return out.v, out.k, out.best
-
-
-def _value_iteration(apply_t, gamma, h0, cfg):
-  def step(h, extra):
-    h_next, _, bound, v_mid = _certify(apply_t, h, gamma)
-    return h_next, extra, bound, v_mid
-  return _run(step, h0, (), cfg)
-
-
-def _anderson(apply_t, gamma, h0, cfg):
-  """Type-II Anderson mixing of the relative map `G(h) = T h - mean(T h)`.
-
-  The residual `G(h) - h` equals MacQueen's `Delta`, so every step is certified.
-  """
-  m = cfg.memory
-  s = h0.shape[0]
-  dtype = h0.dtype
-  hist_g = jnp.zeros((m, s), dtype)
-  hist_f = jnp.zeros((m, s), dtype)
-
-  def step(h, extra):
-    hist_g, hist_f, count = extra
-    g_h, delta, bound, v_mid = _certify(apply_t, h, gamma)
-    slot = count % m
-    hist_g = hist_g.at[slot].set(g_h)
-    hist_f = hist_f.at[slot].set(delta)
-    count = count + 1
-    valid = jnp.arange(m) < jnp.minimum(count, m)
-    gram = hist_f @ hist_f.T
-    both = valid[:, None] & valid[None, :]
-    scale = jnp.max(jnp.where(valid, jnp.diagonal(gram), 0.0))
-    # Ridge relative to the largest residual keeps the small system solvable.
-    ridge = 1e-10 * scale + jnp.finfo(dtype).tiny
-    gram = jnp.where(both, gram, 0.0) + jnp.diag(jnp.where(valid, ridge, 1.0))
-    alpha = jnp.linalg.solve(gram, valid.astype(dtype))
-    alpha = alpha / jnp.sum(alpha)
-    mixed = alpha @ hist_g
-    ok = jnp.all(jnp.isfinite(mixed)) & (jnp.max(jnp.abs(alpha)) < 1e4)
-    h_next = jnp.where(ok, mixed, g_h)
-    return h_next - jnp.mean(h_next), (hist_g, hist_f, count), bound, v_mid
-
-  return _run(step, h0, (hist_g, hist_f, jnp.asarray(0, jnp.int32)), cfg)
-
-
 def _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg):
   def step(h, extra):
-    _, _, bound, v_mid = _certify(apply_t, h, gamma)
+    _, _, bound, v_mid = fixed_point.certify(apply_t, h, gamma)
     # Newton step from the certified midpoint: evaluate its greedy soft policy.
     pi = bellman.soft_policy(bellman.q_values(mdp, v_mid), pi_ref, tau)
     cost = (jnp.sum(pi * mdp.rewards, axis=-1) - tau * bellman.kl_terms(pi, pi_ref))
     v_pi = linear.solve_policy_system(mdp, pi, cost)
     h_next = v_pi - jnp.mean(v_pi)
     return h_next, extra, bound, v_mid
-  return _run(step, h0, (), cfg)
+  return fixed_point.run(step, h0, (), cfg)
 
 
 def _fixed_point_loop(mdp, pi_ref, tau, cfg: _Config):
@@ -196,9 +99,9 @@ def _fixed_point_loop(mdp, pi_ref, tau, cfg: _Config):
   apply_t = _operator(mdp, pi_ref, tau, cfg.hard)
   h0 = jnp.zeros(mdp.num_states, mdp.rewards.dtype)
   if cfg.method == "value_iteration":
-    return _value_iteration(apply_t, gamma, h0, cfg)
+    return fixed_point.value_iteration(apply_t, gamma, h0, cfg)
   if cfg.method == "anderson":
-    return _anderson(apply_t, gamma, h0, cfg)
+    return fixed_point.anderson(apply_t, gamma, h0, cfg)
   return _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg)
 
 
@@ -249,7 +152,7 @@ def _default_max_iters(method):
 
 
 def _default_patience(method, memory):
-  return {"value_iteration": 20, "anderson": 4 * memory + 20, "policy_iteration": 3}[method]
+  return {"value_iteration": 20, "anderson": 4 * memory + 20, "policy_iteration": 10}[method]
 
 
 def solve_soft_bellman(mdp: mdp_lib.AnyMDP, pi_ref, tau, *, method: str = "auto",
