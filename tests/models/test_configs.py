@@ -43,8 +43,8 @@ GEMMA3_12B = dict(GEMMA3_COMMON, vocab_size=262208, hidden_size=3840, intermedia
 # Published totals (model cards): Qwen3 0.6B/1.7B/8.2B/30.5B; Gemma 3 1B (999,885,952), and the
 # language-model part of 4B/12B (the 4.3B/12.2B totals include a ~0.42B SigLIP vision tower).
 PUBLISHED = [
-    ("qwen3-0.6b", QWEN3_0_6B, 0.6e9, 0.10),
-    ("qwen3-1.7b", QWEN3_1_7B, 1.7e9, 0.05),
+    ("qwen3-0.6b", QWEN3_0_6B, 0.6e9, 0.02),
+    ("qwen3-1.7b", QWEN3_1_7B, 1.7e9, 0.02),
     ("qwen3-8b", QWEN3_8B, 8.2e9, 0.02),
     ("qwen3-30b-a3b", QWEN3_30B_A3B, 30.5e9, 0.02),
     ("gemma3-1b", GEMMA3_1B, 999_885_952, 0.001),
