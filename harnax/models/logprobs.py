@@ -39,10 +39,14 @@ def sequence_logprobs(model, input_ids: Array, attention_mask: Array, *,
   """
   logits = model(input_ids, attention_mask=attention_mask)
   lp = token_logprobs(logits[:, :-1], input_ids[:, 1:], temperature=temperature)
+  lp = jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+  return jnp.where(has_context(attention_mask), lp, 0.0)
+
+
+def has_context(attention_mask: Array) -> Array:
+  """[B, T] bool: token t is real and so is its predecessor, i.e. it has a log-prob."""
   mask = attention_mask.astype(bool)
-  valid = mask[:, 1:] & mask[:, :-1]
-  lp = jnp.where(valid, lp, 0.0)
-  return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+  return mask & jnp.concatenate([jnp.zeros_like(mask[:, :1]), mask[:, :-1]], axis=1)
 
 
 @struct.dataclass
@@ -62,10 +66,11 @@ def score_spans(model, input_ids: Array, attention_mask: Array, span_mask: Array
 
   Args:
     input_ids, attention_mask: [B, T] context + completion (see :func:`concat_completion`).
-    span_mask: [B, T], 1 on the tokens to score.
+    span_mask: [B, T], 1 on the tokens to score. Tokens without a real predecessor (the
+      first token of a row) have no log-prob and are not counted in ``num_tokens``/``mean``.
   """
   per_token = sequence_logprobs(model, input_ids, attention_mask, temperature=temperature)
-  span = span_mask.astype(bool) & attention_mask.astype(bool)
+  span = span_mask.astype(bool) & has_context(attention_mask)
   per_token = jnp.where(span, per_token, 0.0)
   total = jnp.sum(per_token, axis=1)
   count = jnp.sum(span, axis=1)
