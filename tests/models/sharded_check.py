@@ -39,7 +39,8 @@ def train_step(graphdef, params, rest, opt_state, ids, mask, tx):
 
 def run(path, mesh):
   rng = np.random.RandomState(0)
-  ids = jnp.asarray(rng.randint(0, 100, (8, 12)), jnp.int32)
+  ref_model = models.load_pretrained(path)
+  ids = jnp.asarray(rng.randint(0, ref_model.config.vocab_size, (8, 12)), jnp.int32)
   mask = np.ones((8, 12), np.int32)
   mask[1, :5] = 0
   mask[6, :9] = 0
@@ -48,7 +49,6 @@ def run(path, mesh):
   # near-zero gradients into full-size steps), so sharded == unsharded is a tight check.
   tx = optax.sgd(0.1, momentum=0.9)
 
-  ref_model = models.load_pretrained(path)
   ref_logits = ref_model(ids, attention_mask=mask)
   g, p, rest = nnx.split(ref_model, nnx.Param, ...)
   step = jax.jit(train_step, static_argnames=("graphdef", "tx"))
