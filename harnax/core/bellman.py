@@ -84,8 +84,9 @@ def kl_terms(policy: Array, pi_ref: Array) -> Array:
   """
   pos = policy > 0
   safe_pi = jnp.where(pos, policy, 1.0)
-  log_ratio = jnp.log(safe_pi) - log_reference(pi_ref)
-  return jnp.sum(jnp.where(pos, policy * log_ratio, 0.0), axis=-1)
+  # Mask before multiplying: 0 * inf in the untaken branch would poison gradients.
+  log_ratio = jnp.where(pos, jnp.log(safe_pi) - log_reference(pi_ref), 0.0)
+  return jnp.sum(policy * log_ratio, axis=-1)
 
 
 def kl_between(p: Array, q: Array) -> Array:

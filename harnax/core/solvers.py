@@ -5,8 +5,9 @@ Three methods reach the same fixed point `V* = T V*` (see `bellman.py`):
 * `"value_iteration"` — relative value iteration `h <- T h - mean(T h)`.
 * `"anderson"` — Anderson acceleration (memory m) of the same map.
 * `"policy_iteration"` — soft policy iteration, i.e. Newton's method on
-  `V - T V` (Jacobian `I - gamma P_pi`): `pi_k ∝ pi_ref exp(Q_{h_k} / tau)`,
-  `h_{k+1} = V^{pi_k}` by an exact linear solve. Quadratic locally.
+  `V - T V` (Jacobian `I - gamma P_pi`): each step takes the soft-greedy policy
+  of the certified midpoint (one sweep from `h_k`) and evaluates it exactly,
+  `h_{k+1} = V^{pi_k}` centred. Quadratic locally.
 
 All three iterate on centred values and certify every iterate with MacQueen's
 bounds (`fixed_point.py`): the returned `v` is within `error_bound` of `V*` in
@@ -54,7 +55,8 @@ class SoftBellmanSolution(NamedTuple):
     scores: `F* = Q* + tau log pi_ref`, `[S, A]` (`-inf` where unavailable).
     policy: `pi* = softmax(F* / tau)`, `[S, A]`.
     iterations: sweeps (value iteration, Anderson) or Newton steps used.
-    error_bound: certified `||v - V*||_inf` bound (MacQueen), in exact arithmetic.
+    error_bound: `||v - V*||_inf` bound: MacQueen's certificate plus an allowance
+      for rounding sized from the magnitudes involved (not interval arithmetic).
     converged: `error_bound <= tol`.
   """
 
@@ -191,12 +193,19 @@ def solve_soft_bellman(mdp: mdp_lib.AnyMDP, pi_ref, tau, *, method: str = "auto"
   if tau.ndim != 0:
     raise ValueError(f"tau: expected a scalar (vmap over a batch), got shape {list(tau.shape)}")
   cfg = _make_config(mdp, method, tol, max_iters, anderson_memory, patience, hard=False)
+  return _solve(mdp, pi_ref, tau, cfg)
+
+
+# Jitted once per (shapes, config): eager callers reuse the compiled loop, and
+# inside a caller's jit it is simply inlined.
+@functools.partial(jax.jit, static_argnums=(3,))
+def _solve(mdp, pi_ref, tau, cfg):
   v, (k, bound) = _soft_fixed_point(mdp, pi_ref, tau, cfg)
   q = bellman.q_values(mdp, v)
   return SoftBellmanSolution(
       v=v, q=q, scores=bellman.action_scores(q, pi_ref, tau),
       policy=bellman.soft_policy(q, pi_ref, tau), iterations=k,
-      error_bound=bound, converged=bound <= tol)
+      error_bound=bound, converged=bound <= cfg.tol)
 
 
 def _make_config(mdp, method, tol, max_iters, memory, patience, hard):
@@ -243,11 +252,16 @@ def solve_hard_bellman(mdp: mdp_lib.AnyMDP, pi_ref, *, method: str = "value_iter
     raise ValueError("method: policy_iteration is the soft solver's Newton method; use "
                      "'value_iteration' or 'anderson' for the hard operator")
   cfg = _make_config(mdp, method, tol, max_iters, anderson_memory, patience, hard=True)
+  return _solve_hard(mdp, pi_ref, cfg)
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _solve_hard(mdp, pi_ref, cfg):
   v, k, bound = _fixed_point_loop(mdp, pi_ref, None, cfg)
   v = lax.stop_gradient(v)
   q = bellman.q_values(mdp, v)
   qm = jnp.where(bellman.available(pi_ref), q, -jnp.inf)
   best = qm >= jnp.max(qm, axis=-1, keepdims=True)
   policy = best / jnp.sum(best, axis=-1, keepdims=True)
-  return HardBellmanSolution(v=v, q=q, policy=policy.astype(dtype), iterations=k,
-                             error_bound=bound, converged=bound <= tol)
+  return HardBellmanSolution(v=v, q=q, policy=policy.astype(v.dtype), iterations=k,
+                             error_bound=bound, converged=bound <= cfg.tol)
