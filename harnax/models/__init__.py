@@ -18,7 +18,8 @@ from harnax.models.hf import (
     load_pretrained,
     save_pretrained,
 )
-from harnax.models.model import AttentionCache, Cache, CausalLM, param_count, positions_from_mask
+from harnax.models.model import (AttentionCache, Cache, CausalLM, forward, param_count,
+                                 positions_from_mask)
 from harnax.models.qwen3 import Qwen3Config
 from harnax.models.qwen3_moe import Qwen3MoeConfig
 
@@ -34,6 +35,7 @@ __all__ = [
     "RopeConfig",
     "abstract_model",
     "config_from_hf_dict",
+    "forward",
     "from_config",
     "load_pretrained",
     "param_count",

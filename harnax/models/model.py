@@ -224,3 +224,9 @@ def param_count(model_or_state) -> int:
   """Number of parameters (a tied embedding counts once)."""
   state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
   return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
+
+
+@nnx.jit
+def forward(model: CausalLM, input_ids: Array, attention_mask: Array | None = None) -> Array:
+  """Jit-compiled ``model(input_ids, attention_mask=...)`` -> logits [B, T, V] float32."""
+  return model(input_ids, attention_mask=attention_mask)

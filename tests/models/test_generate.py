@@ -9,6 +9,7 @@ import torch
 from flax import nnx
 
 from conftest import hf_logits, padded_batch
+from harnax import models
 from harnax.models import generate as gen
 from harnax.models import logprobs
 
@@ -60,8 +61,8 @@ def test_sampler_logprobs_equal_teacher_forced(pair_factory, settings):
                      key=jax.random.key(1), stop_tokens=(), **settings)
   full, fmask, span = logprobs.concat_completion(jnp.asarray(ids), jnp.asarray(mask), out.tokens,
                                                  out.mask)
-  scored = logprobs.score_spans(pair.model, full, fmask, span,
-                                temperature=settings["temperature"])
+  score = nnx.jit(logprobs.score_spans, static_argnames="temperature")
+  scored = score(pair.model, full, fmask, span, temperature=settings["temperature"])
   np.testing.assert_allclose(np.asarray(scored.per_token[:, ids.shape[1]:]),
                              np.asarray(out.logprobs), atol=2e-5)
 
@@ -110,11 +111,13 @@ def test_prefill_then_decode_equals_full_forward(pair_factory):
   pair = pair_factory("gemma3")
   model = pair.model
   ids, mask = padded_batch(seed=7, length=10)
-  full = np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+  full = np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(mask)))
   cache = model.init_cache(ids.shape[0], 12)
-  logits, cache = model(jnp.asarray(ids[:, :7]), jnp.asarray(mask[:, :7]), cache=cache)
+  with_cache = nnx.jit(lambda m, x, k, c: m(x, k, cache=c))
+  logits, cache = with_cache(model, jnp.asarray(ids[:, :7]), jnp.asarray(mask[:, :7]), cache)
   for t in range(7, 10):
-    step, cache = model(jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]), cache=cache)
+    step, cache = with_cache(model, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
+                             cache)
     np.testing.assert_allclose(np.asarray(step[:, 0]), full[:, t], atol=2e-5)
   np.testing.assert_allclose(np.asarray(logits), full[:, :7][..., :], atol=2e-5)
 
@@ -129,7 +132,7 @@ def test_span_scores_match_transformers(pair_factory):
                                                jnp.asarray(comp), jnp.asarray(comp_mask))
   action = np.asarray(span).copy()
   action[:, 7:9] = 0  # score only the "action" tokens after the first two "reasoning" tokens
-  got = logprobs.score_spans(pair.model, ids, mask, jnp.asarray(action))
+  got = nnx.jit(logprobs.score_spans)(pair.model, ids, mask, jnp.asarray(action))
   ref_logits = torch.tensor(hf_logits(pair.hf, np.asarray(ids), np.asarray(mask)))
   ref_lp = torch.log_softmax(ref_logits[:, :-1], -1).gather(
       -1, torch.tensor(np.asarray(ids))[:, 1:, None])[..., 0].numpy()
@@ -152,7 +155,7 @@ def test_score_gradient_matches_torch_autograd(pair_factory):
     return logprobs.score_spans(model, jnp.asarray(ids), jnp.asarray(mask),
                                 jnp.asarray(span)).mean.sum()
 
-  grads = jax.grad(objective)(params)
+  grads = jax.jit(jax.grad(objective))(params)
   hf = pair.hf
   hf.zero_grad()
   pos = np.clip(mask.cumsum(-1) - 1, 0, None)

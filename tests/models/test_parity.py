@@ -23,7 +23,7 @@ def test_logits_match_transformers_with_left_padding(pair_factory, name):
   pair = pair_factory(name)
   ids, mask = padded_batch()
   ref = hf_logits(pair.hf, ids, mask)
-  out = np.asarray(pair.model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+  out = np.asarray(models.forward(pair.model, jnp.asarray(ids), jnp.asarray(mask)))
   assert out.dtype == np.float32 and out.shape == ref.shape
   real = mask.astype(bool)
   np.testing.assert_array_less(np.abs(out - ref)[real].max(), TOL)
@@ -39,8 +39,8 @@ def test_prompt_exceeds_sliding_window_and_window_matters(pair_factory):
                                           rope=tuple((t, cfg.rope_for("full_attention"))
                                                      for t in ("full_attention",))))
   nnx.update(no_window, nnx.state(pair.model))
-  a = np.asarray(pair.model(jnp.asarray(ids[:1])))
-  b = np.asarray(no_window(jnp.asarray(ids[:1])))
+  a = np.asarray(models.forward(pair.model, jnp.asarray(ids[:1])))
+  b = np.asarray(models.forward(no_window, jnp.asarray(ids[:1])))
   assert np.abs(a[0, -1] - b[0, -1]).max() > 1e-3
 
 
@@ -93,7 +93,7 @@ def test_sharded_save_and_load(pair_factory, tmp_path):
   hf_again = transformers.AutoModelForCausalLM.from_pretrained(out_dir).eval()
   np.testing.assert_allclose(hf_logits(hf_again, ids, mask), ref, atol=1e-6, rtol=0)
   ours = models.load_pretrained(out_dir)
-  out = np.asarray(ours(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+  out = np.asarray(models.forward(ours, jnp.asarray(ids), jnp.asarray(mask)))
   np.testing.assert_array_less(np.abs(out - ref)[mask.astype(bool)].max(), TOL)
 
 
@@ -102,7 +102,7 @@ def test_load_bfloat16_and_save_bfloat16(pair_factory, tmp_path):
   model = models.load_pretrained(pair.path, dtype=jnp.bfloat16)
   assert model.layers[0].attn.q_proj.kernel[...].dtype == jnp.bfloat16
   ids, mask = padded_batch(seed=3)
-  logits = model(jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+  logits = models.forward(model, jnp.asarray(ids), jnp.asarray(mask))
   assert logits.dtype == jnp.float32
   ref = hf_logits(pair.hf, ids, mask)
   # bf16 weights and activations: only a loose agreement is expected.
