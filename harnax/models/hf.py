@@ -100,14 +100,14 @@ def check_checkpoint(m: mapping.Mapping, present: dict[str, tuple[int, ...]], *,
   return problems
 
 
-def abstract_model(cfg: DecoderConfig, *, param_dtype=jnp.float32, moe_impl: str = "ragged"):
+def abstract_model(cfg: DecoderConfig, *, param_dtype=jnp.float32, moe_impl: str = "auto"):
   """The model with ``ShapeDtypeStruct`` leaves: costs nothing, for shapes and param counts."""
   return nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype,
                                          moe_impl=moe_impl))
 
 
 def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
-                    moe_impl: str = "ragged") -> CausalLM:
+                    moe_impl: str = "auto") -> CausalLM:
   """Loads a Hugging Face model directory into a :class:`CausalLM`.
 
   Args:
@@ -116,7 +116,8 @@ def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
     dtype: parameter dtype (default float32).
     mesh: optional ``jax.sharding.Mesh``; each parameter is placed directly in the layout
       given by its logical axes and ``rules`` (default ``harnax.parallel.DEFAULT_RULES``).
-    moe_impl: ``"ragged"`` (grouped matmuls) or ``"dense"`` (every expert on every token).
+    moe_impl: ``"auto"`` (default), ``"ragged"`` (grouped matmuls), ``"dense"`` (every expert
+      on every token) or ``"gather"`` (gather the routed experts' weights); see ``layers.MoE``.
 
   Raises:
     ValueError: unsupported architecture or a config field out of range.
@@ -235,6 +236,6 @@ def save_pretrained(model: CausalLM, path: str, *, max_shard_bytes: int = 4 * 10
 
 
 def from_config(cfg: DecoderConfig, *, seed: int = 0, param_dtype=jnp.float32,
-                moe_impl: str = "ragged") -> CausalLM:
+                moe_impl: str = "auto") -> CausalLM:
   """A randomly initialised model (tests, benchmarks)."""
   return CausalLM(cfg, rngs=nnx.Rngs(seed), param_dtype=param_dtype, moe_impl=moe_impl)

@@ -358,6 +358,32 @@ def experts_dense(x: Array, weights: Array, experts: Array, gate: Array, up: Arr
   return jnp.einsum("neh,ne->nh", y, combine.astype(y.dtype))
 
 
+def experts_gather(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
+                   down: Array, act) -> Array:
+  """Same result as :func:`experts_ragged`, gathering the k chosen experts' weights per token.
+
+  Reads only the routed experts, so it is the memory-bound choice for decoding a few tokens;
+  it copies ``N * k`` weight matrices, so it is a poor choice for long prefills.
+  """
+  g, u, d = (jnp.take(w, experts, axis=0) for w in (gate, up, down))  # [N, k, ...]
+  h = act(jnp.einsum("nh,nkhi->nki", x, g)) * jnp.einsum("nh,nkhi->nki", x, u)
+  y = jnp.einsum("nki,nkih->nkh", h, d)
+  return jnp.einsum("nkh,nk->nh", y, weights.astype(y.dtype))
+
+
+MOE_IMPLS = {"ragged": experts_ragged, "dense": experts_dense, "gather": experts_gather}
+
+
+def choose_moe_impl(impl: str, num_tokens: int, k: int, num_experts: int) -> str:
+  """Resolves ``"auto"``: grouped matmuls on accelerators; on CPU, where ``ragged_dot`` lowers
+  poorly, gather the routed experts for short inputs (decode) and compute all experts otherwise."""
+  if impl != "auto":
+    return impl
+  if jax.default_backend() != "cpu":
+    return "ragged"
+  return "gather" if num_tokens * k <= num_experts else "dense"
+
+
 class MoE(nnx.Module):
   """Top-k routed experts with Qwen3-MoE semantics (no shared expert).
 
@@ -365,7 +391,9 @@ class MoE(nnx.Module):
   projections stacked on a leading expert axis (HF ``mlp.experts.{e}.*_proj.weight``).
   """
 
-  def __init__(self, cfg, *, dtype, rngs: nnx.Rngs, impl: str = "ragged"):
+  def __init__(self, cfg, *, dtype, rngs: nnx.Rngs, impl: str = "auto"):
+    if impl != "auto" and impl not in MOE_IMPLS:
+      raise ValueError(f"moe_impl: expected 'auto' or one of {sorted(MOE_IMPLS)}, got {impl!r}")
     e, hdim, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
     self.router = nnx.Param(_normal(rngs, (hdim, e), dtype), axes=("embed", None))
     self.gate_proj = nnx.Param(_normal(rngs, (e, hdim, i), dtype), axes=("experts", "embed", "mlp"))
@@ -380,7 +408,7 @@ class MoE(nnx.Module):
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     weights, experts = route_top_k(flat @ self.router[...], self.k, normalize=self.normalize)
-    fn = experts_ragged if self.impl == "ragged" else experts_dense
+    fn = MOE_IMPLS[choose_moe_impl(self.impl, flat.shape[0], self.k, self.gate_proj.shape[0])]
     out = fn(flat, weights, experts, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
              activation(self.act))
     return out.reshape(shape)

@@ -66,7 +66,7 @@ class DecoderLayer(nnx.Module):
   """Pre-norm residual block: attention then MLP/MoE, with Gemma's optional post-norms."""
 
   def __init__(self, cfg: DecoderConfig, index: int, *, dtype, rngs: nnx.Rngs,
-               moe_impl: str = "ragged"):
+               moe_impl: str = "auto"):
     norm = lambda: RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
     self.layer_type = cfg.layer_types[index]
     self.attn_norm = norm()
@@ -121,7 +121,7 @@ class CausalLM(nnx.Module):
   """
 
   def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs | None = None,
-               param_dtype=jnp.float32, moe_impl: str = "ragged"):
+               param_dtype=jnp.float32, moe_impl: str = "auto"):
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     self.config = config
     self.embed_tokens = Embed(config.vocab_size, config.hidden_size, dtype=param_dtype, rngs=rngs)

@@ -101,6 +101,6 @@ def test_moe_block_matches_transformers_and_dense_path():
     router = jnp.asarray(block.gate.weight.detach().numpy().T)
     flat = jnp.asarray(x.reshape(-1, 16))
     w, e = layers.route_top_k(flat @ router, 2, normalize=normalize)
-    for fn in (layers.experts_ragged, layers.experts_dense):
+    for fn in (layers.experts_ragged, layers.experts_dense, layers.experts_gather):
       out = fn(flat, w, e, gate, up, down, jax.nn.silu).reshape(x.shape)
       np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)

@@ -1,0 +1,252 @@
+"""Prefill / decode throughput of harnax (jit) vs transformers (torch CPU), ~100M-param models.
+
+For each family (Qwen3, Qwen3-MoE, Gemma 3) a ~100M-parameter random model is built with
+transformers and saved; each (framework, family) measurement then runs in its own subprocess
+so that its peak memory (``ru_maxrss``) is its own. Both frameworks use float32 and the same
+weights. Batch-1 decode is also compared with the memory-bandwidth bound
+``bandwidth / parameter bytes`` (every decoded token reads every weight once), with the
+bandwidth measured by a numpy copy.
+
+Usage::
+
+  python benchmarks/lm_throughput.py [--out benchmarks/results/lm_throughput.md] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+VOCAB = 32768
+CONFIGS = {
+    "qwen3": ("Qwen3Config", dict(
+        vocab_size=VOCAB, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+        num_attention_heads=12, num_key_value_heads=4, head_dim=64, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        vocab_size=VOCAB, hidden_size=512, intermediate_size=1536, moe_intermediate_size=512,
+        num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+        num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    "gemma3": ("Gemma3TextConfig", dict(
+        vocab_size=VOCAB, hidden_size=640, intermediate_size=2048, num_hidden_layers=12,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+        query_pre_attn_scalar=256)),
+}
+
+
+def _peak_rss_mb() -> float:
+  """Peak resident memory of this process. ``VmHWM`` resets at exec, unlike ``ru_maxrss``,
+  which a child inherits from its parent's high-water mark."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) / 1024.0
+  except OSError:
+    pass
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _timeit(fn, repeats: int) -> float:
+  """Best-of-``repeats`` wall time of ``fn()`` (seconds); ``fn`` must block until done."""
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def build_checkpoint(family: str, path: str) -> int:
+  import torch
+  import transformers
+  cls_name, kwargs = CONFIGS[family]
+  config = getattr(transformers, cls_name)(**kwargs)
+  torch.manual_seed(0)
+  model = transformers.AutoModelForCausalLM.from_config(config)
+  model.save_pretrained(path)
+  return sum(p.numel() for p in model.parameters())
+
+
+def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches, repeats):
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from harnax import models
+  from harnax.models import generate as gen
+
+  model = models.load_pretrained(path)
+  graphdef, state = nnx.split(model)
+  rng = np.random.RandomState(0)
+  out = {}
+  ids = jnp.asarray(rng.randint(0, VOCAB, (batch, prompt)), jnp.int32)
+  mask = jnp.ones_like(ids)
+
+  def run_prefill():
+    logits, _ = gen.prefill(graphdef, state, ids, mask, model.init_cache(batch, prompt + 1))
+    logits.block_until_ready()
+
+  run_prefill()  # compile
+  out["prefill_tok_s"] = batch * prompt / _timeit(run_prefill, repeats)
+  for b in decode_batches:
+    dids = jnp.asarray(rng.randint(0, VOCAB, (b, prompt)), jnp.int32)
+    dmask = jnp.ones_like(dids)
+
+    def run_decode():
+      logits, cache = gen.prefill(graphdef, state, dids, dmask, model.init_cache(b, prompt + new))
+      t0 = time.perf_counter()
+      res, _ = gen.decode(graphdef, state, cache, logits, jax.random.key(0), max_new_tokens=new)
+      res.tokens.block_until_ready()
+      return time.perf_counter() - t0
+
+    run_decode()  # compile
+    seconds = min(run_decode() for _ in range(repeats))
+    out[f"decode_b{b}_tok_s"] = b * new / seconds
+  out["peak_rss_mb"] = _peak_rss_mb()
+  out["param_bytes"] = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  cfg = model.config
+  # Batch-1 decode of an MoE reads only the k routed experts per layer.
+  inactive = (cfg.mlp_kinds.count("moe") * (cfg.num_experts - cfg.num_experts_per_tok) * 3 *
+              cfg.hidden_size * cfg.moe_intermediate_size * 4)
+  out["active_param_bytes"] = out["param_bytes"] - inactive
+  return out
+
+
+def measure_torch(path: str, batch: int, prompt: int, new: int, decode_batches, repeats):
+  import torch
+  import transformers
+  torch.set_num_threads(os.cpu_count())
+  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  rng = np.random.RandomState(0)
+  out = {}
+  ids = torch.tensor(rng.randint(0, VOCAB, (batch, prompt)))
+  with torch.no_grad():
+    model(ids)
+    out["prefill_tok_s"] = batch * prompt / _timeit(lambda: model(ids), repeats)
+    for b in decode_batches:
+      dids = torch.tensor(rng.randint(0, VOCAB, (b, prompt)))
+      kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+      def gen_n(n):
+        return lambda: model.generate(dids, max_new_tokens=n, min_new_tokens=n, **kw)
+
+      gen_n(2)()  # warm-up
+      # decode time = generate(new + 1) - generate(1): both include one prefill.
+      seconds = _timeit(gen_n(new + 1), repeats) - _timeit(gen_n(1), repeats)
+      out[f"decode_b{b}_tok_s"] = b * new / seconds
+  out["peak_rss_mb"] = _peak_rss_mb()
+  return out
+
+
+def memory_bandwidth_gbs(nbytes: int = 512 * 1024**2, repeats: int = 5) -> float:
+  """Copy bandwidth (read + write bytes per second) of a large numpy array, in GB/s."""
+  src = np.ones(nbytes // 8, np.float64)
+  dst = np.empty_like(src)
+  seconds = _timeit(lambda: np.copyto(dst, src), repeats)
+  return 2 * nbytes / seconds / 1e9
+
+
+def _child(args):
+  fn = measure_harnax if args.child == "harnax" else measure_torch
+  res = fn(args.path, args.batch, args.prompt, args.new, args.decode_batches, args.repeats)
+  print("RESULT " + json.dumps(res))
+
+
+def _run_child(framework, path, args) -> dict:
+  cmd = [sys.executable, os.path.abspath(__file__), "--child", framework, "--path", path,
+         "--batch", str(args.batch), "--prompt", str(args.prompt), "--new", str(args.new),
+         "--repeats", str(args.repeats), "--decode-batches",
+         *[str(b) for b in args.decode_batches]]
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+  for line in proc.stdout.splitlines():
+    if line.startswith("RESULT "):
+      return json.loads(line[len("RESULT "):])
+  raise RuntimeError(f"{framework} run failed:\n{proc.stderr[-3000:]}")
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "lm_throughput.md"))
+  p.add_argument("--families", nargs="+", default=list(CONFIGS))
+  p.add_argument("--batch", type=int, default=4)
+  p.add_argument("--prompt", type=int, default=128)
+  p.add_argument("--new", type=int, default=32)
+  p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 8])
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
+  p.add_argument("--child", choices=["harnax", "torch"], help=argparse.SUPPRESS)
+  p.add_argument("--path", help=argparse.SUPPRESS)
+  args = p.parse_args()
+  if args.child:
+    return _child(args)
+  if args.quick:
+    args.batch, args.prompt, args.new, args.repeats = 1, 16, 4, 1
+    args.decode_batches = [1]
+
+  bandwidth = memory_bandwidth_gbs()
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for family in args.families:
+      path = os.path.join(tmp, family)
+      n_params = build_checkpoint(family, path)
+      ours = _run_child("harnax", path, args)
+      ref = _run_child("torch", path, args)
+      rows.append((family, n_params, ours, ref))
+      print(family, n_params, ours, ref, flush=True)
+
+  lines = [
+      "# LM throughput: harnax (JAX jit) vs transformers (torch CPU)",
+      "",
+      f"Generated by `benchmarks/lm_throughput.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+      f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}; "
+      f"float32 weights and activations in both frameworks; random weights (same for both).",
+      f"Prefill: batch {args.batch} x {args.prompt} tokens. Decode: {args.new} new tokens after a "
+      f"{args.prompt}-token prompt (greedy), batch sizes {args.decode_batches}. Best of "
+      f"{args.repeats} runs; peak RSS is the whole measuring process (framework included).",
+      f"Memory bandwidth (numpy copy, read+write): **{bandwidth:.1f} GB/s**.",
+      "",
+      "| model | params | metric | harnax | transformers | harnax / transformers |",
+      "|---|---|---|---|---|---|",
+  ]
+  for family, n_params, ours, ref in rows:
+    metrics = ["prefill_tok_s"] + [f"decode_b{b}_tok_s" for b in args.decode_batches]
+    for m in metrics:
+      lines.append(f"| {family} | {n_params / 1e6:.0f}M | {m.replace('_tok_s', '')} tok/s | "
+                   f"{ours[m]:.1f} | {ref[m]:.1f} | {ours[m] / ref[m]:.2f} |")
+    lines.append(f"| {family} | | peak RSS MB | {ours['peak_rss_mb']:.0f} | "
+                 f"{ref['peak_rss_mb']:.0f} | {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f} |")
+  lines += ["", "Batch-1 decode against the memory-bandwidth bound (bound = bandwidth / float32 "
+            "bytes of the parameters one token reads: all of them, except the unrouted experts "
+            "of an MoE):", "",
+            "| model | bytes read / token (MB) | bound tok/s | harnax tok/s | fraction of bound "
+            "| transformers fraction |",
+            "|---|---|---|---|---|---|"]
+  for family, _, ours, ref in rows:
+    if "decode_b1_tok_s" not in ours:
+      continue
+    bound = bandwidth * 1e9 / ours["active_param_bytes"]
+    lines.append(f"| {family} | {ours['active_param_bytes'] / 1e6:.0f} | {bound:.1f} | "
+                 f"{ours['decode_b1_tok_s']:.1f} | {ours['decode_b1_tok_s'] / bound:.2f} | "
+                 f"{ref['decode_b1_tok_s'] / bound:.2f} |")
+  text = "\n".join(lines) + "\n"
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  with open(args.out, "w") as f:
+    f.write(text)
+  print(text)
+
+
+if __name__ == "__main__":
+  main()
