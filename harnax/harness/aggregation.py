@@ -22,6 +22,8 @@ of -1e4 still aggregate exactly, and gradients flow to every output.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,20 +122,27 @@ def aggregate_log_probs(output_log_probs, decode_table, *, num_actions: int,
   table = interface.check_decode_table(decode_table, num_states=s, num_actions=num_actions)
   logp = val.as_float_array("output_log_probs", output_log_probs)
   _check_log_probs("output_log_probs", logp, s, o)
-  groups = segment_logsumexp(logp, table, num_actions)
-  log_invalid, log_valid = groups[:, 0], groups[:, 1:]
-  if invalid == "noop":
-    return log_valid.at[:, noop_action].set(jnp.logaddexp(log_valid[:, noop_action], log_invalid))
-  norm = jax.nn.logsumexp(log_valid, axis=-1, keepdims=True)
-  host = val.host(norm)
-  if host is not None and np.any(~np.isfinite(host)):
-    st = int(np.argwhere(~np.isfinite(host[:, 0]))[0][0])
+  out = _aggregate(logp, table, num_actions=num_actions, invalid=invalid,
+                   noop_action=None if invalid != "noop" else int(noop_action))
+  host = val.host(out) if invalid == "renormalize" else None
+  if host is not None and np.any(np.isnan(host)):
+    st = int(np.argwhere(np.isnan(host))[0][0])
     structural = val.host(table) is not None and np.all(np.asarray(table)[st] == interface.INVALID)
     why = ("every output decodes to INVALID" if structural else
            "every valid output has probability 0")
     raise ValueError(f"output_log_probs: in state {st} {why}; invalid='renormalize' cannot "
                      "condition on a valid output there (use invalid='noop' with a no-op action)")
-  return log_valid - norm
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("num_actions", "invalid", "noop_action"))
+def _aggregate(logp, table, *, num_actions, invalid, noop_action):
+  groups = segment_logsumexp(logp, table, num_actions)
+  log_invalid, log_valid = groups[:, 0], groups[:, 1:]
+  if invalid == "noop":
+    return log_valid.at[:, noop_action].set(jnp.logaddexp(log_valid[:, noop_action], log_invalid))
+  # A state without valid mass gives -inf - -inf = NaN: documented, never a silent 0.
+  return log_valid - jax.nn.logsumexp(log_valid, axis=-1, keepdims=True)
 
 
 def aggregate_probs(output_probs, decode_table, *, num_actions: int,
@@ -144,10 +153,14 @@ def aggregate_probs(output_probs, decode_table, *, num_actions: int,
   """
   probs = val.as_float_array("output_probs", output_probs)
   val.check_distribution("output_probs", probs)
-  pos = probs > 0
-  logp = jnp.where(pos, jnp.log(jnp.where(pos, probs, 1.0)), -jnp.inf)
-  return jnp.exp(aggregate_log_probs(logp, decode_table, num_actions=num_actions,
+  return jnp.exp(aggregate_log_probs(_safe_log(probs), decode_table, num_actions=num_actions,
                                      invalid=invalid, noop_action=noop_action))
+
+
+@jax.jit
+def _safe_log(probs):
+  pos = probs > 0
+  return jnp.where(pos, jnp.log(jnp.where(pos, probs, 1.0)), -jnp.inf)
 
 
 def semantic_log_policy(harness: interface.TabularHarness, output_log_probs, *,

@@ -35,6 +35,7 @@ from harnax.harness import interface
 Array = jax.Array
 
 
+@jax.jit
 def centered_over(x: Array, mask: Array) -> Array:
   """`x` minus its per-state mean over `mask`; 0 outside `mask`. `[S, A]`.
 
@@ -46,6 +47,7 @@ def centered_over(x: Array, mask: Array) -> Array:
   return jnp.where(mask, safe - mean, 0.0)
 
 
+@jax.jit
 def readout(log_policy: Array, pi_ref: Array, tau) -> Array:
   """Centred readout scores `tau log Pi_H(a|s)` over available actions, `[S, A]`.
 
@@ -56,6 +58,7 @@ def readout(log_policy: Array, pi_ref: Array, tau) -> Array:
   return centered_over(tau * log_policy, pi_ref > 0)
 
 
+@jax.jit
 def score_error(log_policy: Array, scores: Array, pi_ref: Array, tau) -> Array:
   """Centred score error `c(tau log Pi_H - F*)` over available actions, `[S, A]`.
 
@@ -233,20 +236,32 @@ def transfer_decomposition(*, source_scores, target_scores, source_log_policy,
                          ("target_log_policy", target_log_policy, (s, a2))):
     val.check_shape(name, x, shape)
   val.check_temperature(tau)
-  common = common_actions(amap, src_ref, tgt_ref)
-  idx = jnp.where(amap >= 0, amap, 0)
-  f_src = jnp.asarray(source_scores)[:, idx]
-  f_tgt = jnp.asarray(target_scores)
-  r_src = tau * jnp.asarray(source_log_policy)[:, idx]
-  r_tgt = tau * jnp.asarray(target_log_policy)
+  common, f_src, f_tgt, r_src, r_tgt = _gather(amap, src_ref, tgt_ref, source_scores,
+                                               target_scores, source_log_policy,
+                                               target_log_policy, tau)
   _check_common(common, (("source_scores", f_src), ("target_scores", f_tgt),
                          ("source_log_policy", r_src), ("target_log_policy", r_tgt)), amap)
+  return _decompose(common, f_src, f_tgt, r_src, r_tgt)
+
+
+@jax.jit
+def _decompose(common, f_src, f_tgt, r_src, r_tgt):
   # Mask before subtracting: -inf - -inf outside the common set would be NaN.
   def diff(x, y):
     return centered_over(jnp.where(common, x, 0.0) - jnp.where(common, y, 0.0), common)
   return TransferDecomposition(error=diff(r_tgt, f_tgt), target_shift=diff(f_src, f_tgt),
                                learning_residual=diff(r_src, f_src),
                                readout_drift=diff(r_tgt, r_src), common=common)
+
+
+@jax.jit
+def _gather(amap, src_ref, tgt_ref, source_scores, target_scores, source_log_policy,
+            target_log_policy, tau):
+  """Carries the source quantities to target indexing; readouts as `tau log Pi`."""
+  common = common_actions(amap, src_ref, tgt_ref)
+  idx = jnp.where(amap >= 0, amap, 0)
+  return (common, jnp.asarray(source_scores)[:, idx], jnp.asarray(target_scores),
+          tau * jnp.asarray(source_log_policy)[:, idx], tau * jnp.asarray(target_log_policy))
 
 
 def _check_common(common, arrays, amap):
