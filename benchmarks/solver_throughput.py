@@ -422,6 +422,7 @@ def dense_section(cfg, bandwidth, log):
   v_star, ref_bound = np_soft_reference(p, r, gamma, tau, log_ref)
   ref_s = time.perf_counter() - t
   span_star = float((v_star.max(1) - v_star.min(1)).max())
+  v_max = float(np.abs(v_star).max())
 
   bytes32 = 4 * s * s * a
   bytes64 = 8 * s * s * a
@@ -497,8 +498,9 @@ def dense_section(cfg, bandwidth, log):
   out.append(
       f"Why this reward scale: the fixed point is equivariant under scaling rewards and tau "
       f"together, so this is the problem \"rewards U(0, 1), tau = 0.1\" measured in units of "
-      f"1/(1-gamma). With rewards U(0, 1), |V*| is about 50 and float32's spacing there is "
-      f"3.8e-6, so a 1e-6 absolute error is not representable; here |V*| <= 1 "
+      f"1/(1-gamma). With rewards U(0, 1), |V*| would reach {v_max / (1 - gamma):.0f}, where "
+      f"float32's spacing is {fmt_e(float(np.spacing(np.float32(v_max / (1 - gamma)))))}, so a "
+      f"1e-6 absolute error is not even representable; here |V*| <= {v_max:.2f} "
       f"(span of V* across states at most {span_star:.3g}). The tolerance 1e-6 is 1e-4 in "
       f"the units of rewards U(0, 1).\n")
   out.append(
