@@ -160,7 +160,7 @@ def swap_analysis(harnesses: Sequence[interface.TabularHarness], policies: Seque
       raise ValueError(f"frozen[{i}]: expected {n} entries, got {len(row)}")
   if adapted is not None:
     if len(adapted) != n or any(len(row) != n for row in adapted):
-      raise ValueError(f"adapted: expected an {n} x {n} nested sequence (None entries allowed)")
+      raise ValueError(f"adapted: expected a {n} x {n} nested sequence (None entries allowed)")
   solutions = [solvers.solve_soft_bellman(h.mdp, h.pi_ref, tau, **solver_options)
                for h in harnesses]
   rows = []
