@@ -63,6 +63,13 @@ def policy_gradient(mdp, params, policy_fn: PolicyFn, pi_ref, tau):
   return jax.value_and_grad(objective)(params)
 
 
+def _log_ratio(policy, pi_ref):
+  """`log(pi / pi_ref)` where `pi > 0`, else 0 (masked before use: no NaN gradients)."""
+  pos = policy > 0
+  return jnp.where(pos, jnp.log(jnp.where(pos, policy, 1.0))
+                   - jnp.where(pos, bellman.log_reference(pi_ref), 0.0), 0.0)
+
+
 def policy_gradient_theorem(mdp, policy, pi_ref, tau) -> Array:
   """`dJ/dpi(a|s)` from the policy-gradient theorem, `[S, A]`.
 
@@ -77,8 +84,7 @@ def _theorem(mdp, policy, pi_ref, tau):
   ev = evaluation._evaluate(mdp, policy, pi_ref, tau)
   d = evaluation._occupancy(mdp, policy)
   pos = policy > 0
-  log_ratio = jnp.where(pos, jnp.log(jnp.where(pos, policy, 1.0)) - jnp.where(
-      pos, bellman.log_reference(pi_ref), 0.0), 0.0)
+  log_ratio = _log_ratio(policy, pi_ref)
   adv = ev.q - tau * log_ratio
   return jnp.where(pos, d[:, None] / (1.0 - mdp.discount) * adv, 0.0)
 
@@ -99,7 +105,6 @@ def softmax_policy_gradient(mdp, logits, pi_ref, tau) -> Array:
   ev = evaluation._evaluate(mdp, policy, pi_ref, tau)
   d = evaluation._occupancy(mdp, policy)
   pos = policy > 0
-  log_ratio = jnp.where(pos, jnp.log(jnp.where(pos, policy, 1.0)) - jnp.where(
-      pos, bellman.log_reference(pi_ref), 0.0), 0.0)
+  log_ratio = _log_ratio(policy, pi_ref)
   adv = ev.q - tau * log_ratio - ev.v[:, None]
   return jnp.where(pos, d[:, None] / (1.0 - mdp.discount) * policy * adv, 0.0)

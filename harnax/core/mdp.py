@@ -51,8 +51,22 @@ def _register(cls):
   return cls
 
 
-def _check_discount_shape(gamma, batch_shape):
-  val.check_shape("discount", gamma, batch_shape, "a scalar per MDP")
+def _validate_common(kernel_name, kernel, rewards, discount, initial, batch, s, a):
+  """Checks shared by both containers; `kernel` is P or the successor probabilities."""
+  val.check_shape("rewards", rewards, batch + (s, a), f"[S, A] matching {kernel_name}")
+  val.check_shape("initial", initial, batch + (s,), f"[S] matching {kernel_name}")
+  val.check_shape("discount", discount, batch, "a scalar per MDP")
+  for name, x in ((kernel_name, kernel), ("rewards", rewards), ("discount", discount),
+                  ("initial", initial)):
+    val.check_finite(name, x)
+  val.check_distribution(kernel_name, kernel)
+  val.check_distribution("initial", initial)
+  val.check_discount(discount)
+
+
+def _set_fields(obj, **fields):
+  for name, value in fields.items():
+    object.__setattr__(obj, name, value)
 
 
 @_register
@@ -87,19 +101,9 @@ class TabularMDP:
     if s != s2:
       raise ValueError(f"transitions: expected shape [S, A, S] with equal state axes, got "
                        f"{list(transitions.shape)}")
-    val.check_shape("rewards", rewards, batch + (s, a), "[S, A] matching transitions")
-    val.check_shape("initial", initial, batch + (s,), "[S] matching transitions")
-    _check_discount_shape(discount, batch)
-    for name, x in (("transitions", transitions), ("rewards", rewards),
-                    ("discount", discount), ("initial", initial)):
-      val.check_finite(name, x)
-    val.check_distribution("transitions", transitions)
-    val.check_distribution("initial", initial)
-    val.check_discount(discount)
-    object.__setattr__(self, "transitions", transitions)
-    object.__setattr__(self, "rewards", rewards)
-    object.__setattr__(self, "discount", discount)
-    object.__setattr__(self, "initial", initial)
+    _validate_common("transitions", transitions, rewards, discount, initial, batch, s, a)
+    _set_fields(self, transitions=transitions, rewards=rewards, discount=discount,
+                initial=initial)
 
   @classmethod
   def axes(cls, *, transitions: Any = 0, rewards: Any = 0, discount: Any = 0,
@@ -171,26 +175,15 @@ class SparseTabularMDP:
     *batch, s, a, k = successors.shape
     batch = tuple(batch)
     val.check_shape("probabilities", probabilities, batch + (s, a, k), "[S, A, K] like successors")
-    val.check_shape("rewards", rewards, batch + (s, a), "[S, A] matching successors")
-    val.check_shape("initial", initial, batch + (s,), "[S] matching successors")
-    _check_discount_shape(discount, batch)
     succ = val.host(successors)
     if succ is not None and (np.any(succ < 0) or np.any(succ >= s)):
       bad = np.argwhere((succ < 0) | (succ >= s))[0]
       raise ValueError(
           f"successors: expected state indices in [0, {s}), found {int(succ[tuple(bad)])} at "
           f"index {tuple(int(i) for i in bad)}")
-    for name, x in (("probabilities", probabilities), ("rewards", rewards),
-                    ("discount", discount), ("initial", initial)):
-      val.check_finite(name, x)
-    val.check_distribution("probabilities", probabilities)
-    val.check_distribution("initial", initial)
-    val.check_discount(discount)
-    object.__setattr__(self, "successors", successors)
-    object.__setattr__(self, "probabilities", probabilities)
-    object.__setattr__(self, "rewards", rewards)
-    object.__setattr__(self, "discount", discount)
-    object.__setattr__(self, "initial", initial)
+    _validate_common("probabilities", probabilities, rewards, discount, initial, batch, s, a)
+    _set_fields(self, successors=successors, probabilities=probabilities, rewards=rewards,
+                discount=discount, initial=initial)
 
   @classmethod
   def axes(cls, *, successors: Any = 0, probabilities: Any = 0, rewards: Any = 0,
