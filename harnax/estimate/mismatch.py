@@ -1,0 +1,379 @@
+"""Sample-based mismatch: `M = tau/(1-gamma) E_{s ~ d^pi} KL(pi(.|s) || pi*(.|s))`.
+
+Two stages (DESIGN.md §1, REFERENCES.md "Estimators"):
+
+1. states `s_1..s_n ~ d^pi` by geometric stopping (`sampling.sample_occupancy`);
+2. at each state, N actions `a_j ~ pi(.|s_i)` through the deployed policy, and a
+   per-state KL estimate from them:
+
+   * `"plugin"`: KL of the empirical action distribution `p_hat` to `pi*`.
+     Biased upward by about `(m - 1)/(2N)` (m = support of `pi(.|s)`): the
+     cross-entropy term is linear in `p_hat`, the entropy term is not.
+   * `"miller_madow"`: plug-in minus `(k - 1)/(2N)`, k = distinct actions
+     observed (Miller 1955, Madow's correction of the entropy bias), then
+     clipped at 0 (a KL is non-negative; the clip adds a small upward bias
+     only where the true KL is within O(1/N) of 0).
+   * `"k1"`: mean of `l_j = log pi(a_j|s) - log pi*(a_j|s)`; unbiased, may be
+     negative. Needs the policy's log-probabilities of its own samples.
+   * `"k3"`: mean of `exp(-l_j) - 1 + l_j`; unbiased and >= 0 term by term.
+
+The mismatch estimate is `tau/(1-gamma) * mean_i KL_hat(s_i)`, with variance
+(for k1 exactly, for the others to first order)
+
+  Var M_hat = (tau/(1-gamma))^2 [Var_{d^pi} KL(s) + E_{d^pi} Var(k|s)/N] / n,
+
+`Var(k|s)` being the variance of one action's term (`l` for k1). Confidence
+intervals are percentile bootstraps over states (the per-state estimates are
+i.i.d. given the policy).
+
+The every-step variant `tau * sum_{t<H} gamma^t KL_hat(s_t)` along full
+rollouts uses every visited state; truncation at H biases it low by at most
+`tau * gamma^H * max_s KL(s) / (1-gamma)`, returned with the estimate.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from harnax.core import bellman
+from harnax.core import evaluation
+from harnax.core import validation as val
+from harnax.estimate import sampling
+
+Array = jax.Array
+
+ESTIMATORS = ("plugin", "miller_madow", "k1", "k3")
+
+
+class MismatchEstimate(NamedTuple):
+  """A sample-based mismatch estimate.
+
+  Attributes:
+    value: `M_hat`, scalar.
+    per_state: `[n]` per-sample contributions before scaling (per-state KL
+      estimates; per-rollout discounted KL sums for the every-step variant).
+    stderr: standard error of `value` from the spread of `per_state`.
+    ci_low, ci_high: percentile-bootstrap interval for `M` at `confidence`.
+    truncation_bias: bound on the bias from capping rollouts (geometric
+      stopping: `tau/(1-gamma) * gamma^max_steps * max KL`; every-step:
+      `tau * gamma^H * max KL / (1-gamma)`).
+    env_steps: environment steps used (scalar int).
+    action_samples: actions drawn through the deployed policy (scalar int).
+  """
+
+  value: Array
+  per_state: Array
+  stderr: Array
+  ci_low: Array
+  ci_high: Array
+  truncation_bias: Array
+  env_steps: Array
+  action_samples: Array
+
+
+# ---------------------------------------------------------------------------
+# Per-state KL estimators.
+# ---------------------------------------------------------------------------
+
+def _check_counts(counts) -> Array:
+  counts = val.as_float_array("counts", counts)
+  if counts.ndim < 1 or counts.shape[-1] == 0:
+    raise ValueError(f"counts: expected shape [..., A] with A >= 1, got {list(counts.shape)}")
+  if counts.size == 0:
+    raise ValueError("counts: expected at least one state's action counts, got an empty array")
+  c = val.host(counts)
+  if c is not None:
+    if np.any(c < 0) or not np.all(np.isfinite(c)):
+      raise ValueError("counts: expected finite non-negative action counts")
+    empty = c.sum(-1) <= 0
+    if np.any(empty):
+      idx = tuple(int(i) for i in np.argwhere(empty)[0])
+      raise ValueError(f"counts: every state needs N >= 1 action samples; the row at index {idx} "
+                       "has none")
+  return counts
+
+
+def plugin_kl(counts, target, *, correction: str = "miller_madow", clip: bool = True) -> Array:
+  """KL of the empirical action distribution to `target`, optionally bias-corrected.
+
+  Args:
+    counts: `[..., A]` action counts from N >= 1 samples per row.
+    target: `[..., A]` distributions (e.g. `pi*` at the sampled states).
+    correction: `"miller_madow"` (subtract `(k-1)/(2N)`, k = observed actions)
+      or `"none"`.
+    clip: clip the corrected value at 0 (ignored without correction).
+
+  Returns:
+    `[...]`. `+inf` where an observed action has `target == 0`.
+  """
+  counts = _check_counts(counts)
+  target = val.as_float_array("target", target, counts.dtype)
+  if target.shape != counts.shape:
+    raise ValueError(f"target: expected shape {list(counts.shape)} like counts, got "
+                     f"{list(target.shape)}")
+  val.check_distribution("target", target)
+  if correction not in ("miller_madow", "none"):
+    raise ValueError(f"correction: expected 'miller_madow' or 'none', got {correction!r}")
+  return _plugin_kl(counts, target, correction == "miller_madow", clip)
+
+
+def _plugin_kl(counts, target, miller_madow, clip):
+  n = jnp.sum(counts, axis=-1)
+  p_hat = counts / n[..., None]
+  kl = bellman.kl_terms(p_hat, target)
+  if miller_madow:
+    k = jnp.sum(counts > 0, axis=-1)
+    kl = kl - (k - 1) / (2.0 * n)
+    if clip:
+      kl = jnp.maximum(kl, 0.0)
+  return kl
+
+
+def _check_logs(logp, logq):
+  logp = val.as_float_array("log_policy", logp)
+  logq = val.as_float_array("log_target", logq, logp.dtype)
+  if logp.shape != logq.shape:
+    raise ValueError(f"log_target: expected shape {list(logp.shape)} like log_policy, got "
+                     f"{list(logq.shape)}")
+  if logp.ndim < 1 or logp.shape[-1] == 0:
+    raise ValueError(f"log_policy: expected [..., N] log-probabilities of N >= 1 sampled "
+                     f"actions, got shape {list(logp.shape)}")
+  return logp, logq
+
+
+def k1_kl(log_policy, log_target) -> Array:
+  """Unbiased per-state KL: `mean_j (log pi(a_j) - log pi*(a_j))`, `a_j ~ pi`.
+
+  Args:
+    log_policy: `[..., N]`, `log pi(a_j|s)` of the N sampled actions.
+    log_target: `[..., N]`, `log pi*(a_j|s)` of the same actions.
+
+  Returns:
+    `[...]`; unbiased for `KL(pi || pi*)`, can be negative.
+  """
+  logp, logq = _check_logs(log_policy, log_target)
+  return jnp.mean(logp - logq, axis=-1)
+
+
+def k3_kl(log_policy, log_target) -> Array:
+  """Unbiased non-negative per-state KL: `mean_j (exp(-l_j) - 1 + l_j)`.
+
+  `l_j = log pi(a_j) - log pi*(a_j)`; `E exp(-l) = 1` under `a ~ pi` when
+  `supp pi* ⊆ supp pi`, and `x - 1 - log x >= 0`. Shapes as `k1_kl`.
+  """
+  logp, logq = _check_logs(log_policy, log_target)
+  return jnp.mean(_k3_terms(logp - logq), axis=-1)
+
+
+def _k3_terms(l):
+  return jnp.expm1(-l) + l
+
+
+# ---------------------------------------------------------------------------
+# Aggregation, standard errors, bootstrap.
+# ---------------------------------------------------------------------------
+
+def _check_values(name, values) -> Array:
+  values = val.as_float_array(name, values)
+  if values.ndim != 1:
+    raise ValueError(f"{name}: expected a 1-D array of per-state values, got shape "
+                     f"{list(values.shape)}")
+  if values.shape[0] == 0:
+    raise ValueError(f"{name}: expected at least one sampled state, got an empty array")
+  return values
+
+
+def mismatch_from_state_kls(state_kls, *, tau, discount) -> Array:
+  """`tau/(1-gamma) * mean_i KL_hat(s_i)` for states `s_i ~ d^pi`. `[n]` -> scalar."""
+  state_kls = _check_values("state_kls", state_kls)
+  val.check_temperature(tau)
+  val.check_discount(discount)
+  return tau / (1.0 - discount) * jnp.mean(state_kls)
+
+
+@functools.partial(jax.jit, static_argnames=("num_resamples",))
+def _bootstrap(key, values, confidence, num_resamples):
+  n = values.shape[0]
+  idx = jax.random.randint(key, (num_resamples, n), 0, n)
+  means = jnp.mean(values[idx], axis=-1)
+  alpha = (1.0 - confidence) / 2.0
+  return jnp.quantile(means, alpha), jnp.quantile(means, 1.0 - alpha)
+
+
+def bootstrap_ci(key, values, *, confidence: float = 0.9, num_resamples: int = 1000,
+                 scale=1.0) -> tuple[Array, Array]:
+  """Percentile-bootstrap interval for `scale * mean(values)`, resampling states.
+
+  Args:
+    key: a `jax.random` key.
+    values: `[n]` i.i.d. per-state values, n >= 1.
+    confidence: nominal coverage in (0, 1).
+    num_resamples: bootstrap replicates (static).
+    scale: multiplies the interval (e.g. `tau/(1-gamma)`), > 0.
+
+  Returns:
+    `(low, high)` scalars.
+  """
+  values = _check_values("values", values)
+  if not 0.0 < float(confidence) < 1.0:
+    raise ValueError(f"confidence: expected a level in (0, 1), got {confidence}")
+  num_resamples = sampling._check_count("num_resamples", num_resamples)
+  lo, hi = _bootstrap(key, values, confidence, num_resamples)
+  return scale * lo, scale * hi
+
+
+def _stderr(values):
+  n = values.shape[0]
+  return jnp.where(n > 1, jnp.std(values, ddof=1) / jnp.sqrt(jnp.maximum(n, 1)), jnp.inf)
+
+
+# ---------------------------------------------------------------------------
+# End-to-end estimators on tabular MDPs.
+# ---------------------------------------------------------------------------
+
+def _log(p):
+  return jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), -jnp.inf)
+
+
+def _state_kl_estimates(key, policy, pi_star, states, num_action_samples, estimator):
+  """Per-state estimates at `states` (any shape) from N sampled actions each."""
+  rows = policy[states]                                    # [..., A]
+  flat = rows.reshape(-1, rows.shape[-1])
+  keys = jax.random.split(key, flat.shape[0])
+  draw = lambda k, p: sampling._categorical(  # noqa: E731
+      k, jnp.broadcast_to(p, (num_action_samples,) + p.shape))
+  actions = jax.vmap(draw)(keys, flat).reshape(states.shape + (num_action_samples,))
+  if estimator in ("k1", "k3"):
+    lp = jnp.take_along_axis(_log(rows), actions, axis=-1)
+    lq = jnp.take_along_axis(_log(pi_star[states]), actions, axis=-1)
+    l = lp - lq
+    return jnp.mean(l if estimator == "k1" else _k3_terms(l), axis=-1)
+  counts = jnp.sum(jax.nn.one_hot(actions, rows.shape[-1], dtype=rows.dtype), axis=-2)
+  return _plugin_kl(counts, pi_star[states], estimator == "miller_madow", True)
+
+
+def _check_estimator_inputs(mdp, policy, pi_star, tau, estimator, num_action_samples):
+  sampling._check_single_mdp(mdp)
+  policy = sampling._check_policy(mdp, policy)
+  pi_star = sampling._check_policy(mdp, pi_star, "pi_star")
+  val.check_temperature(tau)
+  if jnp.ndim(tau) != 0:
+    raise ValueError(f"tau: expected a scalar, got shape {list(jnp.shape(tau))}")
+  if estimator not in ESTIMATORS:
+    raise ValueError(f"estimator: expected one of {ESTIMATORS}, got {estimator!r}")
+  sampling._check_count("num_action_samples", num_action_samples)
+  p, q = val.host(policy), val.host(pi_star)
+  if p is not None and q is not None and np.any((p > 0) & (q <= 0)):
+    s, a = (int(i) for i in np.argwhere((p > 0) & (q <= 0))[0])
+    raise ValueError(f"pi_star: zero at state {s}, action {a} where the policy has mass; "
+                     "KL(pi || pi*) is infinite")
+  return policy, pi_star, val.as_float_array("tau", tau, mdp.rewards.dtype)
+
+
+def estimate_mismatch(key, mdp, policy, pi_star, tau, *, num_states: int,
+                      num_action_samples: int, estimator: str = "miller_madow",
+                      max_steps: int = 10_000, confidence: float = 0.9,
+                      num_resamples: int = 1000) -> MismatchEstimate:
+  """Geometric-stopping mismatch estimate with a bootstrap interval.
+
+  Args:
+    key: a `jax.random` key.
+    mdp: one MDP (dense or sparse).
+    policy: `[S, A]` deployed policy (sampled; its log-probabilities are used
+      only by `"k1"`/`"k3"`).
+    pi_star: `[S, A]` optimum, e.g. `solve_soft_bellman(...).policy`.
+    tau: temperature > 0.
+    num_states: n, states drawn from `d^pi`.
+    num_action_samples: N actions per state, >= 1.
+    estimator: one of `ESTIMATORS`.
+    max_steps: rollout cap of the geometric sampler.
+    confidence: bootstrap level; num_resamples: bootstrap replicates.
+
+  Returns:
+    `MismatchEstimate`; `per_state` holds the n per-state KL estimates.
+  """
+  policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
+                                                 num_action_samples)
+  k_occ, k_act, k_boot = jax.random.split(key, 3)
+  occ = sampling.sample_occupancy(k_occ, mdp, policy, num_samples=num_states,
+                                  max_steps=max_steps)
+  kls = _state_kl_estimates(k_act, policy, pi_star, occ.states, num_action_samples, estimator)
+  scale = tau / (1.0 - mdp.discount)
+  lo, hi = bootstrap_ci(k_boot, kls, confidence=confidence, num_resamples=num_resamples,
+                        scale=scale)
+  max_kl = jnp.max(bellman.kl_between(policy, pi_star))
+  return MismatchEstimate(
+      value=scale * jnp.mean(kls), per_state=kls, stderr=scale * _stderr(kls), ci_low=lo,
+      ci_high=hi, truncation_bias=scale * occ.truncation_bias * max_kl,
+      env_steps=jnp.sum(occ.steps), action_samples=jnp.asarray(num_states * num_action_samples))
+
+
+def every_step_mismatch(key, mdp, policy, pi_star, tau, *, num_rollouts: int, horizon: int,
+                        num_action_samples: int, estimator: str = "miller_madow",
+                        confidence: float = 0.9, num_resamples: int = 1000) -> MismatchEstimate:
+  """Every-step estimate `tau * mean_i sum_{t<H} gamma^t KL_hat(s_{i,t})`.
+
+  `E sum_t gamma^t KL(s_t) = E_{d^pi} KL / (1-gamma)`, so the untruncated sum is
+  unbiased for `M`; stopping at H drops at most
+  `tau * gamma^H * max_s KL(s) / (1-gamma)` (returned as `truncation_bias`;
+  the estimate is low by at most that).
+
+  Args:
+    key, mdp, policy, pi_star, tau, estimator, confidence, num_resamples: as in
+      `estimate_mismatch`.
+    num_rollouts: n rollouts; horizon: H steps each (static).
+    num_action_samples: N actions at every visited state.
+
+  Returns:
+    `MismatchEstimate`; `per_state` holds the n per-rollout discounted KL sums
+    (unscaled by tau).
+  """
+  policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
+                                                 num_action_samples)
+  k_roll, k_act, k_boot = jax.random.split(key, 3)
+  traj = sampling.sample_trajectories(k_roll, mdp, policy, num_rollouts=num_rollouts,
+                                      horizon=horizon)
+  kls = _state_kl_estimates(k_act, policy, pi_star, traj.states, num_action_samples, estimator)
+  weights = mdp.discount ** jnp.arange(horizon, dtype=kls.dtype)
+  sums = kls @ weights
+  lo, hi = bootstrap_ci(k_boot, sums, confidence=confidence, num_resamples=num_resamples,
+                        scale=tau)
+  max_kl = jnp.max(bellman.kl_between(policy, pi_star))
+  return MismatchEstimate(
+      value=tau * jnp.mean(sums), per_state=sums, stderr=tau * _stderr(sums), ci_low=lo,
+      ci_high=hi, truncation_bias=tau * mdp.discount ** horizon * max_kl / (1.0 - mdp.discount),
+      env_steps=jnp.asarray(num_rollouts * horizon),
+      action_samples=jnp.asarray(num_rollouts * horizon * num_action_samples))
+
+
+def mismatch_estimator_variance(mdp, policy, pi_star, tau, *, num_states: int,
+                                num_action_samples: int, estimator: str = "k1") -> Array:
+  """`(tau/(1-gamma))^2 [Var_d KL(s) + E_d Var(k|s)/N] / n` (REFERENCES.md).
+
+  `Var(k|s)` is the variance of one sampled action's term: `l` for `"k1"` (the
+  formula is then exact), `exp(-l) - 1 + l` for `"k3"` (exact), and `l` for the
+  plug-in estimators (their first-order, delta-method variance).
+
+  Returns:
+    Scalar, the variance of `estimate_mismatch(...).value` (ignoring the cap).
+  """
+  policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
+                                                 num_action_samples)
+  n = sampling._check_count("num_states", num_states)
+  d = evaluation.occupancy(mdp, policy)
+  kl = bellman.kl_between(policy, pi_star)
+  pos = policy > 0
+  l = jnp.where(pos, _log(policy) - _log(jnp.where(pos, pi_star, 1.0)), 0.0)
+  if estimator == "k3":
+    terms = jnp.where(pos, _k3_terms(l), 0.0)
+    mean_t = jnp.sum(policy * terms, -1)
+    var_k = jnp.sum(policy * terms ** 2, -1) - mean_t ** 2
+  else:
+    var_k = jnp.sum(policy * l ** 2, -1) - kl ** 2
+  var_d = jnp.dot(d, kl ** 2) - jnp.dot(d, kl) ** 2
+  return (tau / (1.0 - mdp.discount)) ** 2 * (var_d + jnp.dot(d, var_k) / num_action_samples) / n
