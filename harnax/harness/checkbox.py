@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from harnax.core import evaluation
 from harnax.core import gradients
 from harnax.core import mdp as mdp_lib
 from harnax.harness import aggregation
@@ -224,8 +225,10 @@ def fit_log_linear(harness: interface.TabularHarness, features, *, tau, theta=No
                    invalid: str = "noop") -> Array:
   """Exact policy-gradient ascent on `J_H(Pi_H(theta))` (no sampling).
 
-  The example's own training loop (plain gradient steps, one `lax.fori_loop`);
-  start from `theta` to adapt a trained model to another harness.
+  The example's own training loop (one `lax.fori_loop`): gradient steps with a
+  step size that grows by 1.25 after an accepted step and halves after a
+  rejected one (a step is rejected when it would lower `J`), so `J` never
+  decreases. Start from `theta` to adapt a trained model to another harness.
 
   Args:
     harness: the harness to train on.
@@ -233,7 +236,7 @@ def fit_log_linear(harness: interface.TabularHarness, features, *, tau, theta=No
     tau: temperature > 0.
     theta: initial weights `[NUM_FEATURES]` (zeros if None).
     steps: gradient steps.
-    learning_rate: step size.
+    learning_rate: initial step size.
     invalid: aggregation mode.
 
   Returns:
@@ -262,8 +265,17 @@ def _fit(mdp, pi_ref, decode_table, features, tau, theta, steps, learning_rate, 
         log_linear_log_probs(th, features), decode_table, num_actions=pi_ref.shape[-1],
         invalid=invalid, noop_action=noop_action))
 
-  def step(_, th):
-    _, g = gradients.policy_gradient(mdp, th, policy_fn, pi_ref, tau)
-    return th + learning_rate * g
+  def value(th):
+    return evaluation.evaluate_policy(mdp, policy_fn(th), pi_ref, tau).value
 
-  return lax.fori_loop(0, steps, step, theta)
+  # Monotone ascent: a step that lowers J is rejected and the step size halved;
+  # an accepted one grows it by 1.25. Adapting from a trained model can
+  # therefore never end below the model it started from.
+  def step(_, carry):
+    th, lr = carry
+    j, g = gradients.policy_gradient(mdp, th, policy_fn, pi_ref, tau)
+    cand = th + lr * g
+    ok = value(cand) >= j
+    return jnp.where(ok, cand, th), jnp.where(ok, 1.25 * lr, 0.5 * lr)
+
+  return lax.fori_loop(0, steps, step, (theta, learning_rate))[0]
