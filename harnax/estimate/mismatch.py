@@ -220,11 +220,16 @@ def bootstrap_ci(key, values, *, confidence: float = 0.9, num_resamples: int = 1
     `(low, high)` scalars.
   """
   values = _check_values("values", values)
-  if not 0.0 < float(confidence) < 1.0:
-    raise ValueError(f"confidence: expected a level in (0, 1), got {confidence}")
-  num_resamples = sampling._check_count("num_resamples", num_resamples)
+  _check_bootstrap(confidence, num_resamples)
   lo, hi = _bootstrap(key, values, confidence, num_resamples)
   return scale * lo, scale * hi
+
+
+def _check_bootstrap(confidence, num_resamples):
+  c = val.host(confidence)
+  if c is not None and not 0.0 < float(c) < 1.0:
+    raise ValueError(f"confidence: expected a level in (0, 1), got {confidence}")
+  sampling._check_count("num_resamples", num_resamples)
 
 
 def _stderr(values):
@@ -299,17 +304,26 @@ def estimate_mismatch(key, mdp, policy, pi_star, tau, *, num_states: int,
   """
   policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
                                                  num_action_samples)
+  sampling._check_count("num_states", num_states)
+  sampling._check_count("max_steps", max_steps, 0)
+  _check_bootstrap(confidence, num_resamples)
+  return _estimate_mismatch(key, mdp, policy, pi_star, tau, num_states, num_action_samples,
+                            estimator, jnp.asarray(max_steps, jnp.int32), confidence,
+                            num_resamples)
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6, 7, 10))
+def _estimate_mismatch(key, mdp, policy, pi_star, tau, num_states, num_action_samples,
+                       estimator, max_steps, confidence, num_resamples):
   k_occ, k_act, k_boot = jax.random.split(key, 3)
-  occ = sampling.sample_occupancy(k_occ, mdp, policy, num_samples=num_states,
-                                  max_steps=max_steps)
+  occ = sampling._sample_occupancy.__wrapped__(k_occ, mdp, policy, num_states, max_steps)
   kls = _state_kl_estimates(k_act, policy, pi_star, occ.states, num_action_samples, estimator)
   scale = tau / (1.0 - mdp.discount)
-  lo, hi = bootstrap_ci(k_boot, kls, confidence=confidence, num_resamples=num_resamples,
-                        scale=scale)
+  lo, hi = _bootstrap.__wrapped__(k_boot, kls, confidence, num_resamples)
   max_kl = jnp.max(bellman.kl_between(policy, pi_star))
   return MismatchEstimate(
-      value=scale * jnp.mean(kls), per_state=kls, stderr=scale * _stderr(kls), ci_low=lo,
-      ci_high=hi, truncation_bias=scale * occ.truncation_bias * max_kl,
+      value=scale * jnp.mean(kls), per_state=kls, stderr=scale * _stderr(kls), ci_low=scale * lo,
+      ci_high=scale * hi, truncation_bias=scale * occ.truncation_bias * max_kl,
       env_steps=jnp.sum(occ.steps), action_samples=jnp.asarray(num_states * num_action_samples))
 
 
@@ -335,18 +349,26 @@ def every_step_mismatch(key, mdp, policy, pi_star, tau, *, num_rollouts: int, ho
   """
   policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
                                                  num_action_samples)
+  sampling._check_count("num_rollouts", num_rollouts)
+  sampling._check_count("horizon", horizon)
+  _check_bootstrap(confidence, num_resamples)
+  return _every_step(key, mdp, policy, pi_star, tau, num_rollouts, horizon, num_action_samples,
+                     estimator, confidence, num_resamples)
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 10))
+def _every_step(key, mdp, policy, pi_star, tau, num_rollouts, horizon, num_action_samples,
+                estimator, confidence, num_resamples):
   k_roll, k_act, k_boot = jax.random.split(key, 3)
-  traj = sampling.sample_trajectories(k_roll, mdp, policy, num_rollouts=num_rollouts,
-                                      horizon=horizon)
+  traj = sampling._trajectories.__wrapped__(k_roll, mdp, policy, num_rollouts, horizon)
   kls = _state_kl_estimates(k_act, policy, pi_star, traj.states, num_action_samples, estimator)
   weights = mdp.discount ** jnp.arange(horizon, dtype=kls.dtype)
   sums = kls @ weights
-  lo, hi = bootstrap_ci(k_boot, sums, confidence=confidence, num_resamples=num_resamples,
-                        scale=tau)
+  lo, hi = _bootstrap.__wrapped__(k_boot, sums, confidence, num_resamples)
   max_kl = jnp.max(bellman.kl_between(policy, pi_star))
   return MismatchEstimate(
-      value=tau * jnp.mean(sums), per_state=sums, stderr=tau * _stderr(sums), ci_low=lo,
-      ci_high=hi, truncation_bias=tau * mdp.discount ** horizon * max_kl / (1.0 - mdp.discount),
+      value=tau * jnp.mean(sums), per_state=sums, stderr=tau * _stderr(sums), ci_low=tau * lo,
+      ci_high=tau * hi, truncation_bias=tau * mdp.discount ** horizon * max_kl / (1.0 - mdp.discount),
       env_steps=jnp.asarray(num_rollouts * horizon),
       action_samples=jnp.asarray(num_rollouts * horizon * num_action_samples))
 

@@ -13,6 +13,7 @@ compare with `MismatchEstimate.env_steps + action_samples` at equal totals.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -62,16 +63,24 @@ def rollout_return(key, mdp, policy, pi_ref, tau, *, num_rollouts: int, horizon:
     `ReturnEstimate`.
   """
   policy, pi_ref, tau = evaluation.check_policy_inputs(mdp, policy, pi_ref, tau)
+  sampling._check_count("num_rollouts", num_rollouts)
+  sampling._check_count("horizon", horizon)
+  mismatch_lib._check_bootstrap(confidence, num_resamples)
+  return _rollout_return(key, mdp, policy, pi_ref, tau, num_rollouts, horizon, confidence,
+                         num_resamples)
+
+
+@functools.partial(jax.jit, static_argnums=(5, 6, 8))
+def _rollout_return(key, mdp, policy, pi_ref, tau, num_rollouts, horizon, confidence,
+                    num_resamples):
   k_roll, k_boot = jax.random.split(key)
-  traj = sampling.sample_trajectories(k_roll, mdp, policy, num_rollouts=num_rollouts,
-                                      horizon=horizon)
+  traj = sampling._trajectories(k_roll, mdp, policy, num_rollouts, horizon)
   lp = mismatch_lib._log(policy)[traj.states, traj.actions]
   lr = mismatch_lib._log(pi_ref)[traj.states, traj.actions]
   steps = traj.rewards - tau * (lp - lr)
   weights = mdp.discount ** jnp.arange(horizon, dtype=steps.dtype)
   returns = steps @ weights
-  lo, hi = mismatch_lib.bootstrap_ci(k_boot, returns, confidence=confidence,
-                                     num_resamples=num_resamples)
+  lo, hi = mismatch_lib._bootstrap(k_boot, returns, confidence, num_resamples)
   c = evaluation.regularized_reward(mdp, policy, pi_ref, tau)
   return ReturnEstimate(
       value=jnp.mean(returns), per_rollout=returns, stderr=mismatch_lib._stderr(returns),

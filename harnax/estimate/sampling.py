@@ -20,6 +20,7 @@ environment in a Python loop.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -128,10 +129,9 @@ def sample_occupancy(key, mdp: mdp_lib.AnyMDP, policy, *, num_samples: int,
   policy = _check_policy(mdp, policy)
   num_samples = _check_count("num_samples", num_samples)
   max_steps = _check_count("max_steps", max_steps, 0)
-  return _sample_occupancy(key, mdp, policy, num_samples, max_steps)
+  return _sample_occupancy(key, mdp, policy, num_samples, jnp.asarray(max_steps, jnp.int32))
 
 
-@jax.jit
 def _rollout_to(key, mdp, policy, stop):
   k0, kloop = jax.random.split(key)
   s0 = _categorical(k0, mdp.initial)
@@ -146,6 +146,7 @@ def _rollout_to(key, mdp, policy, stop):
   return s
 
 
+@functools.partial(jax.jit, static_argnums=(3,))
 def _sample_occupancy(key, mdp, policy, num_samples, max_steps):
   k_t, k_roll = jax.random.split(key)
   t = _geometric(k_t, mdp.discount, (num_samples,))
@@ -154,7 +155,7 @@ def _sample_occupancy(key, mdp, policy, num_samples, max_steps):
   keys = jax.random.split(k_roll, num_samples)
   states = jax.vmap(_rollout_to, in_axes=(0, None, None, 0))(keys, mdp, policy, stop)
   return OccupancySamples(states=states, steps=stop, truncated=truncated,
-                          truncation_bias=mdp.discount ** max_steps)
+                          truncation_bias=mdp.discount ** max_steps.astype(mdp.discount.dtype))
 
 
 def sample_trajectories(key, mdp: mdp_lib.AnyMDP, policy, *, num_rollouts: int,
@@ -175,6 +176,11 @@ def sample_trajectories(key, mdp: mdp_lib.AnyMDP, policy, *, num_rollouts: int,
   policy = _check_policy(mdp, policy)
   num_rollouts = _check_count("num_rollouts", num_rollouts)
   horizon = _check_count("horizon", horizon)
+  return _trajectories(key, mdp, policy, num_rollouts, horizon)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _trajectories(key, mdp, policy, num_rollouts, horizon):
   keys = jax.random.split(key, num_rollouts)
   return jax.vmap(_trajectory, in_axes=(0, None, None, None))(keys, mdp, policy, horizon)
 

@@ -1,0 +1,141 @@
+"""Geometric stopping reproduces d^pi; fixed-horizon rollouts; the gymnasium sampler."""
+
+import gymnasium as gym
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
+
+import harnax as hx
+from harnax.estimate import sampling
+
+
+def _problem(sparse=False, discount=0.8):
+  key = jax.random.PRNGKey(0)
+  if sparse:
+    mdp = hx.random_sparse_mdp(key, 7, 3, 2, discount=discount)
+  else:
+    mdp = hx.random_dense_mdp(key, 7, 3, discount=discount)
+  ref = hx.random_reference(jax.random.PRNGKey(1), 7, 3, unavailable_fraction=0.3)
+  return mdp, hx.random_policy(jax.random.PRNGKey(2), ref)
+
+
+N = 20000  # one sample size throughout: each (MDP shape, N) compiles once
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_geometric_stopping_reproduces_occupancy(sparse):
+  mdp, pi = _problem(sparse)
+  d = np.asarray(hx.occupancy(mdp, pi))
+  occ = sampling.sample_occupancy(jax.random.PRNGKey(3), mdp, pi, num_samples=N)
+  tvs = [float(sampling.total_variation(sampling.state_histogram(occ.states[:n], 7), d))
+         for n in (200, 2000, N)]
+  # The TV of an n-sample histogram on 7 states is O(sqrt(S/n)); it must shrink.
+  assert tvs[0] > tvs[1] > tvs[2]
+  assert tvs[2] < 0.02
+  assert not bool(jnp.any(occ.truncated))
+
+
+def test_stopping_time_is_geometric():
+  mdp, pi = _problem(discount=0.7)
+  occ = sampling.sample_occupancy(jax.random.PRNGKey(4), mdp, pi, num_samples=N)
+  steps = np.asarray(occ.steps)
+  for t in range(4):
+    assert abs(np.mean(steps == t) - 0.3 * 0.7 ** t) < 0.012
+
+
+def test_zero_discount_emits_the_initial_distribution():
+  mdp, pi = _problem(discount=0.0)
+  occ = sampling.sample_occupancy(jax.random.PRNGKey(5), mdp, pi, num_samples=N)
+  assert int(jnp.max(occ.steps)) == 0
+
+
+def test_cap_flags_truncated_rollouts_and_bounds_the_bias():
+  mdp, pi = _problem(discount=0.9)
+  occ = sampling.sample_occupancy(jax.random.PRNGKey(6), mdp, pi, num_samples=N, max_steps=3)
+  assert abs(float(jnp.mean(occ.truncated)) - 0.9 ** 3) < 0.015
+  assert abs(float(occ.truncation_bias) - 0.9 ** 3) < 1e-12
+  assert int(jnp.max(occ.steps)) == 3
+
+
+def test_sampler_vmaps_over_keys_and_jits():
+  mdp, pi = _problem()
+  keys = jax.random.split(jax.random.PRNGKey(7), 3)
+  f = lambda k: sampling.sample_occupancy(k, mdp, pi, num_samples=10).states  # noqa: E731
+  out = jax.vmap(f)(keys)
+  assert out.shape == (3, 10)
+  np.testing.assert_array_equal(out[1], f(keys[1]))
+
+
+def test_trajectories_match_state_marginals():
+  mdp, pi = _problem()
+  traj = sampling.sample_trajectories(jax.random.PRNGKey(8), mdp, pi, num_rollouts=N,
+                                      horizon=3)
+  assert traj.states.shape == traj.actions.shape == traj.rewards.shape == (N, 3)
+  p_pi = np.einsum("sa,sat->st", np.asarray(pi), np.asarray(mdp.transitions))
+  marg = np.asarray(mdp.initial) @ p_pi @ p_pi
+  emp = np.bincount(np.asarray(traj.states[:, 2]), minlength=7) / N
+  assert 0.5 * np.abs(emp - marg).sum() < 0.02
+  r = np.asarray(mdp.rewards)[np.asarray(traj.states), np.asarray(traj.actions)]
+  np.testing.assert_allclose(np.asarray(traj.rewards), r)
+  # Actions never leave the policy's support.
+  assert np.all(np.asarray(pi)[np.asarray(traj.states), np.asarray(traj.actions)] > 0)
+
+
+def _frozen_lake_mdp(env, discount):
+  s, a = env.observation_space.n, env.action_space.n
+  p = np.zeros((s, a, s))
+  r = np.zeros((s, a))
+  for i in range(s):
+    for j in range(a):
+      for prob, nxt, rew, _ in env.unwrapped.P[i][j]:
+        p[i, j, nxt] += prob
+        r[i, j] += prob * rew
+  mu0 = np.asarray(env.unwrapped.initial_state_distrib, float)
+  return hx.TabularMDP(transitions=p, rewards=r, discount=discount, initial=mu0)
+
+
+def test_gym_sampler_reproduces_occupancy_on_frozen_lake():
+  env = FrozenLakeEnv(map_name="4x4", is_slippery=True)   # no TimeLimit: terminal absorbs
+  table = np.asarray(hx.random_policy(jax.random.PRNGKey(9), hx.uniform_reference(16, 4)))
+  policy_fn = lambda obs, rng: int(rng.choice(4, p=table[obs]))  # noqa: E731
+  d = np.asarray(hx.occupancy(_frozen_lake_mdp(env, 0.9), table))
+  tvs = []
+  for n in (300, 6000):
+    out = sampling.sample_occupancy_gym(env, policy_fn, num_samples=n, discount=0.9,
+                                        rng=np.random.default_rng(0))
+    emp = np.bincount(np.asarray(out.observations), minlength=16) / n
+    tvs.append(0.5 * np.abs(emp - d).sum())
+    assert out.env_steps == int(out.steps.sum())
+  assert tvs[1] < tvs[0]
+  assert tvs[1] < 0.04
+  assert np.any(out.ended)   # episodes do end in holes/goal and are absorbed
+
+
+def test_gym_sampler_caps_rollouts():
+  env = gym.make("FrozenLake-v1", is_slippery=False)
+  out = sampling.sample_occupancy_gym(env, lambda o, r: 2, num_samples=50, discount=0.99,
+                                      rng=np.random.default_rng(1), max_steps=2)
+  assert out.steps.max() <= 2
+  assert out.truncation_bias == pytest.approx(0.99 ** 2)
+
+
+def test_bad_inputs_raise_naming_the_field():
+  mdp, pi = _problem()
+  with pytest.raises(ValueError, match="num_samples"):
+    sampling.sample_occupancy(jax.random.PRNGKey(0), mdp, pi, num_samples=0)
+  with pytest.raises(ValueError, match="policy"):
+    sampling.sample_occupancy(jax.random.PRNGKey(0), mdp, pi * 0.5, num_samples=4)
+  with pytest.raises(ValueError, match="mdp"):
+    sampling.sample_occupancy(jax.random.PRNGKey(0), hx.stack([mdp, mdp]), pi, num_samples=4)
+  with pytest.raises(ValueError, match="horizon"):
+    sampling.sample_trajectories(jax.random.PRNGKey(0), mdp, pi, num_rollouts=2, horizon=0)
+  with pytest.raises(ValueError, match="states"):
+    sampling.state_histogram(jnp.zeros((0,), jnp.int32), 7)
+  env = FrozenLakeEnv()
+  with pytest.raises(ValueError, match="discount"):
+    sampling.sample_occupancy_gym(env, lambda o, r: 0, num_samples=2, discount=1.0,
+                                  rng=np.random.default_rng(0))
+  with pytest.raises(ValueError, match="rng"):
+    sampling.sample_occupancy_gym(env, lambda o, r: 0, num_samples=2, discount=0.5, rng=0)
