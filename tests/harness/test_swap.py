@@ -26,8 +26,9 @@ def _policy(rng, pi_ref, sharp=1.0):
 
 def _pair_problem(seed):
   rng = np.random.default_rng(seed)
-  src = ref.random_harness_arrays(rng, 6, 3, 4, unavailable=0.2)
-  tgt = ref.random_harness_arrays(rng, 6, 4, 5, unavailable=0.2)
+  # The checkbox family's shapes (S = 9, A = 5 and 8), so solver compiles are shared.
+  src = ref.random_harness_arrays(rng, 9, 5, 4, unavailable=0.2)
+  tgt = ref.random_harness_arrays(rng, 9, 8, 5, unavailable=0.2)
   tgt["mu0"] = src["mu0"]  # the same environment start
   return src, tgt, _policy(rng, src["pi_ref"]), _policy(rng, tgt["pi_ref"]), _policy(
       rng, tgt["pi_ref"], sharp=3.0)
@@ -156,3 +157,16 @@ def test_swap_analysis_without_adaptation_and_bad_input():
     hh.swap_analysis([hs, ht], [pi, pi_t], [[None, frozen], [pi, None]], [[None]], tau=0.5)
   with pytest.raises(ValueError, match="policy"):  # a source policy in the target's shape
     hh.swap_pair(hs, ht, frozen, frozen, tau=0.5)
+
+
+def test_checkbox_swaps_show_the_documented_pattern(checkbox_swaps):
+  """The table in docs/harness.md §6 (values rounded there to 3 decimals)."""
+  _, res = checkbox_swaps
+  p = res.pairs
+  np.testing.assert_allclose(p.delta_ceiling[0, 1], 0.5636 - 0.4903, atol=2e-4)
+  np.testing.assert_allclose(p.frozen_change[0, 2], -0.364, atol=2e-3)
+  np.testing.assert_array_equal(res.rejected_but_positive,
+                                [[False, False, True], [True, False, True], [True, True, False]])
+  # Ceiling-raising swaps win after adaptation; ceiling-lowering ones do not.
+  assert bool(res.adapted_wins[0, 1]) and bool(res.adapted_wins[2, 1])
+  assert not bool(res.adapted_wins[1, 0]) and not bool(res.adapted_wins[1, 2])
