@@ -172,3 +172,17 @@ def test_mode_and_noop_options_are_validated():
     hh.aggregate_probs(probs, table, num_actions=1, invalid="noop")
   with pytest.raises(ValueError, match=r"noop_action: expected an action id in \[0, 1\)"):
     hh.aggregate_probs(probs, table, num_actions=1, invalid="noop", noop_action=1)
+
+
+def test_float32_inputs_stay_float32_and_agree_with_float64():
+  rng = np.random.default_rng(4)
+  table = rng.integers(-1, 3, size=(5, 6)).astype(np.int32)
+  table[:, 0] = 1
+  logits = rng.normal(size=(5, 6))
+  logp64 = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+  want = hh.aggregate_log_probs(logp64, table, num_actions=3, invalid="noop", noop_action=1)
+  with jax.enable_x64(False):
+    got = hh.aggregate_log_probs(logp64.astype(np.float32), table, num_actions=3,
+                                 invalid="noop", noop_action=1)
+    assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, want, atol=1e-5)
