@@ -2,7 +2,9 @@
 
 The public API is this list. Numerical functions take one problem; batch them
 with `jax.vmap` and shard them with a `jax.sharding.Mesh`. Subpackages:
-`harnax.core` (exact tabular core), `harnax.models` (Flax NNX LLM ports).
+`harnax.core` (exact tabular core), `harnax.harness` (interfaces, readout,
+transfer decomposition, swap analysis), `harnax.estimate` (deployment estimators),
+`harnax.models` (Flax NNX LLM ports), `harnax.parallel` (meshes, sharding).
 """
 
 from harnax.core.bellman import action_scores
