@@ -49,6 +49,14 @@ def _log(p):
   return jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), -jnp.inf)
 
 
+def _take(x, idx):
+  """`x[..., idx]` for a scalar index, else `take_along_axis` over pairs `[..., P]`."""
+  idx = jnp.asarray(idx)
+  if idx.ndim == 0:
+    return x[..., idx]
+  return jnp.take_along_axis(x, idx, axis=-1)
+
+
 def _check_pair(policy, pi_star):
   policy = val.as_float_array("policy", policy)
   pi_star = val.as_float_array("pi_star", pi_star, policy.dtype)
@@ -77,9 +85,8 @@ def pair_score_errors(log_policy, scores, actions_a, actions_b, *, tau) -> Array
   val.check_temperature(tau)
   lp = jnp.asarray(log_policy)
   f = jnp.asarray(scores)
-  take = lambda x, i: jnp.take_along_axis(x, jnp.asarray(i), axis=-1)  # noqa: E731
-  return tau * (take(lp, actions_a) - take(lp, actions_b)) - (take(f, actions_a)
-                                                              - take(f, actions_b))
+  return tau * (_take(lp, actions_a) - _take(lp, actions_b)) - (_take(f, actions_a)
+                                                                - _take(f, actions_b))
 
 
 def empirical_log_odds(counts, actions_a, actions_b, *, pseudocount: float = 0.5) -> Array:
@@ -92,8 +99,7 @@ def empirical_log_odds(counts, actions_a, actions_b, *, pseudocount: float = 0.5
   if pseudocount < 0:
     raise ValueError(f"pseudocount: expected >= 0, got {pseudocount}")
   lc = jnp.log(counts + pseudocount)
-  take = lambda i: jnp.take_along_axis(lc, jnp.asarray(i), axis=-1)  # noqa: E731
-  return take(actions_a) - take(actions_b)
+  return _take(lc, actions_a) - _take(lc, actions_b)
 
 
 def centered_score_errors(policy, pi_star, *, tau) -> Array:
@@ -147,9 +153,8 @@ def pair_weights(policy, pi_star, actions_a, actions_b) -> Array:
   where `pi` puts no mass on one of the two actions.
   """
   policy, pi_star = _check_pair(policy, pi_star)
-  take = lambda x, i: jnp.take_along_axis(x, jnp.asarray(i), axis=-1)  # noqa: E731
-  pa, pb = take(policy, actions_a), take(policy, actions_b)
-  qa, qb = take(pi_star, actions_a), take(pi_star, actions_b)
+  pa, pb = _take(policy, actions_a), _take(policy, actions_b)
+  qa, qb = _take(pi_star, actions_a), _take(pi_star, actions_b)
 
   def bern_var(x, y):
     tot = x + y
