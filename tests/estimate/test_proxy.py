@@ -1,0 +1,154 @@
+"""Proxy-optimum estimates from logs: categorizer, JSONL reading with errors,
+per-decision KL accumulation, and ranking on synthetic logs with known truth."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+from harnax.estimate import proxy
+from harnax.estimate import rank
+from harnax.estimate import synthetic
+
+
+@pytest.mark.parametrize("text,category", [
+    ("cat src/main.py", "inspect_file"), ("grep -rn foo .", "inspect_file"), ("ls -la", "inspect_file"),
+    ("sed -i 's/a/b/' x.py", "edit"), ("apply_patch <<EOF", "edit"), ("cat > new.py", "edit"),
+    ("echo hi > out.txt", "edit"), ("pytest -q tests", "run_command"), ("$ make", "run_command"),
+    ("python run.py", "run_command"), ("Plan: read the test first", "plan"),
+    ("I will inspect the config", "plan"), ("sure, done", "other"), ("", "other"),
+])
+def test_default_categorizer(text, category):
+  assert proxy.coding_agent_category(text) == category
+
+
+def test_synthetic_renderings_map_back_to_their_category():
+  for cat, texts in synthetic.RENDERINGS.items():
+    for t in texts:
+      assert proxy.coding_agent_category(t) == cat
+
+
+def _episode(eid, harness="h", actor="policy", outcome=1.0, steps=None):
+  if steps is None:
+    steps = [{"state": 0, "policy_samples": ["cat a"], "proxy_samples": ["pytest"]}]
+  return {"episode_id": eid, "harness": harness, "actor": actor, "outcome": outcome,
+          "steps": steps}
+
+
+def test_malformed_lines_are_reported_with_line_numbers_and_the_rest_is_read(tmp_path):
+  lines = [
+      json.dumps(_episode("e1")),
+      "{not json",
+      json.dumps({"episode_id": "e2", "harness": "h", "steps": []}),          # no outcome
+      "",                                                                    # blank: skipped
+      json.dumps(_episode("e3", outcome="high")),
+      json.dumps(_episode("e4", steps=[{"state": 1, "policy_samples": [],
+                                        "proxy_samples": ["ls"]}])),
+      json.dumps(_episode("e5", actor="teacher")),
+      json.dumps(_episode("e6", actor="proxy", steps=[])),
+      "[1, 2]",
+  ]
+  path = tmp_path / "logs.jsonl"
+  path.write_text("\n".join(lines) + "\n")
+  parsed = proxy.read_episodes(path)
+  assert [e.episode_id for e in parsed.episodes] == ["e1", "e6"]
+  assert [e.line for e in parsed.episodes] == [1, 8]
+  assert [e.line for e in parsed.errors] == [2, 3, 5, 6, 7, 9]
+  msgs = dict(parsed.errors)
+  assert "outcome" in msgs[3] and "outcome" in msgs[5]
+  assert "policy_samples" in msgs[6] and "actor" in msgs[7]
+  # Every non-blank line is accounted for.
+  assert len(parsed.episodes) + len(parsed.errors) == sum(1 for l in lines if l.strip())
+  with pytest.raises(ValueError, match=r"6 malformed line\(s\): line 2: .*line 9"):
+    proxy.read_episodes(str(path), strict=True)
+  # Other sources: an open file and an iterable of lines.
+  assert len(proxy.read_episodes(io.StringIO("\n".join(lines))).episodes) == 2
+  assert len(proxy.read_episodes(lines).errors) == 6
+
+
+def test_unknown_category_raises_naming_the_decision():
+  eps = proxy.read_episodes([json.dumps(_episode("e1"))]).episodes
+  with pytest.raises(ValueError, match=r"unknown category 'weird'.*episode 'e1' \(line 1\)"):
+    proxy.proxy_estimates(eps, categorizer=lambda t: "weird")
+  with pytest.raises(ValueError, match="categories"):
+    proxy.proxy_estimates(eps, categories=("a", "a"))
+
+
+def test_empty_input_raises():
+  with pytest.raises(ValueError, match="episodes"):
+    proxy.proxy_estimates([])
+  with pytest.raises(ValueError, match="policy_counts"):
+    proxy.decision_kl([0, 0], [1, 1])
+  with pytest.raises(ValueError, match="tau"):
+    proxy.proxy_estimates(proxy.read_episodes([json.dumps(_episode("e"))]).episodes, tau=0.0)
+
+
+def test_decision_kl_matches_numpy():
+  p, q, alpha = np.array([3.0, 1.0, 0.0]), np.array([1.0, 1.0, 2.0]), 0.25
+  ph = p / 4
+  qt = (q + alpha) / (4 + 3 * alpha)
+  want = np.sum(ph[:2] * np.log(ph[:2] / qt[:2]))
+  assert proxy.decision_kl(p, q, smoothing=alpha, miller_madow=False) == pytest.approx(want)
+  assert proxy.decision_kl(p, q, smoothing=alpha) == pytest.approx(max(want - 1 / 8, 0.0))
+
+
+def test_mismatch_accumulates_with_the_number_of_decisions():
+  step = {"state": 0, "policy_samples": ["cat a", "cat a", "pytest", "Plan: x"],
+          "proxy_samples": ["pytest", "pytest", "pytest", "ok"]}
+  eps = proxy.read_episodes([
+      json.dumps(_episode("short", harness="few", steps=[step] * 2)),
+      json.dumps(_episode("long", harness="many", steps=[step] * 6)),
+  ]).episodes
+  est = proxy.proxy_estimates(eps)
+  assert est["few"].mismatch_per_decision == pytest.approx(est["many"].mismatch_per_decision)
+  assert est["many"].mismatch == pytest.approx(3 * est["few"].mismatch)
+  assert est["many"].decisions_per_episode == 6
+  assert np.isnan(est["few"].ceiling)        # no proxy episodes logged
+
+
+@pytest.fixture(scope="module")
+def harnesses():
+  return synthetic.synthetic_harnesses(seed=0)
+
+
+def test_synthetic_truth_hits_its_targets(harnesses):
+  for h in harnesses:
+    c, m, _, _ = synthetic.DEFAULT_TARGETS[h.name]
+    assert h.ceiling == pytest.approx(c, abs=1e-8)
+    assert h.mismatch == pytest.approx(m, abs=1e-8)
+    assert h.value == pytest.approx(h.ceiling - h.mismatch, abs=1e-8)   # J = C - M
+
+
+def test_committed_synthetic_logs_rank_harnesses_like_exact_c_minus_m(harnesses):
+  parsed = proxy.read_episodes(synthetic.DATA_FILE)
+  assert parsed.errors == []
+  h0 = harnesses[0]
+  est = proxy.proxy_estimates(parsed.episodes, tau=h0.tau, discount=float(h0.mdp.discount))
+  truth = sorted((h.name for h in harnesses),
+                 key=lambda n: -next(h.value for h in harnesses if h.name == n))
+  assert proxy.rank_harnesses(est) == truth
+  # The ceiling alone and the mismatch alone rank them wrongly (seed 000's point).
+  assert proxy.rank_harnesses(est, key="ceiling") != truth
+  assert proxy.rank_harnesses(est, key="mismatch") != truth
+  exact = np.array([h.value for h in harnesses])
+  score = np.array([est[h.name].score for h in harnesses])
+  assert float(rank.kendall_tau_b(score, exact)) == pytest.approx(1.0)
+  assert float(rank.spearman(score, exact)) == pytest.approx(1.0)
+  # C~ from the proxy's episodes is exact here (deterministic MDPs: the
+  # regularized return of pi* telescopes to V*(s0)).
+  for h in harnesses:
+    assert est[h.name].ceiling == pytest.approx(h.ceiling, abs=1e-5)
+
+
+def test_generator_writes_readable_logs(harnesses, tmp_path):
+  recs = synthetic.synthetic_logs(harnesses[:2], seed=5, num_policy_episodes=3,
+                                  num_proxy_episodes=2, num_samples=4)
+  path = tmp_path / "small.jsonl"
+  synthetic.write_jsonl(recs, path)
+  parsed = proxy.read_episodes(path)
+  assert parsed.errors == [] and len(parsed.episodes) == 10
+  ep = parsed.episodes[0]
+  assert ep.actor == "policy" and all(len(s.policy_samples) == 4 for s in ep.steps)
+  # Logged states are non-terminal states of the harness's MDP.
+  assert all(0 <= s.state < harnesses[0].mdp.num_states - 1 for s in ep.steps)
