@@ -85,7 +85,7 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
   import jax.numpy as jnp
   from flax import nnx
   from harnax import models
-  from harnax.models import generate as gen
+  from harnax.models import decoding as gen
 
   model = models.load_pretrained(path)
   graphdef, state = nnx.split(model)

@@ -8,7 +8,9 @@ models.save_pretrained(model, path)            # back to the HF format
 ```
 """
 
+from harnax.models.checkpoint import restore_state, save_state
 from harnax.models.config import DecoderConfig, RopeConfig
+from harnax.models.decoding import Generation, decode, generate, prefill, sample_token
 from harnax.models.gemma3 import Gemma3Config
 from harnax.models.hf import (
     CheckpointError,
@@ -18,10 +20,13 @@ from harnax.models.hf import (
     load_pretrained,
     save_pretrained,
 )
+from harnax.models.logprobs import (SpanScore, concat_completion, score_spans, sequence_logprobs,
+                                    token_logprobs)
 from harnax.models.model import (AttentionCache, Cache, CausalLM, forward, param_count,
                                  positions_from_mask)
 from harnax.models.qwen3 import Qwen3Config
 from harnax.models.qwen3_moe import Qwen3MoeConfig
+from harnax.models.tokenizer import Tokenizer
 
 __all__ = [
     "AttentionCache",
@@ -30,15 +35,28 @@ __all__ = [
     "CheckpointError",
     "DecoderConfig",
     "Gemma3Config",
+    "Generation",
     "Qwen3Config",
     "Qwen3MoeConfig",
     "RopeConfig",
+    "SpanScore",
+    "Tokenizer",
     "abstract_model",
+    "concat_completion",
     "config_from_hf_dict",
+    "decode",
     "forward",
     "from_config",
+    "generate",
     "load_pretrained",
     "param_count",
     "positions_from_mask",
+    "prefill",
+    "restore_state",
+    "sample_token",
     "save_pretrained",
+    "save_state",
+    "score_spans",
+    "sequence_logprobs",
+    "token_logprobs",
 ]

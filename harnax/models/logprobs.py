@@ -1,6 +1,6 @@
 """Token log-probabilities: the ONE function shared by the sampler, the learner and the teacher.
 
-:func:`token_logprobs` is used by :mod:`harnax.models.generate` for the log-probs it reports
+:func:`token_logprobs` is used by :mod:`harnax.models.decoding` for the log-probs it reports
 and by :func:`sequence_logprobs` for teacher forcing, so sampled and re-scored log-probs agree
 (tested). Everything here is differentiable in the model parameters.
 """

@@ -2,7 +2,7 @@
 
 Loads ``tokenizer.json`` and, where present, special tokens and the chat template from
 ``tokenizer_config.json`` (or ``chat_template.jinja``). Batches come out left-padded, ready for
-:func:`harnax.models.generate.generate`.
+:func:`harnax.models.generate`.
 """
 
 from __future__ import annotations

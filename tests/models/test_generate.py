@@ -10,7 +10,7 @@ from flax import nnx
 
 from conftest import hf_logits, padded_batch
 from harnax import models
-from harnax.models import generate as gen
+from harnax.models import decoding as gen
 from harnax.models import logprobs
 
 
