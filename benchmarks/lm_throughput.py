@@ -196,6 +196,7 @@ def main():
     args.batch, args.prompt, args.new, args.repeats = 1, 16, 4, 1
     args.decode_batches = [1]
 
+  load_before = os.getloadavg()[0]
   bandwidth = memory_bandwidth_gbs()
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
@@ -217,6 +218,9 @@ def main():
       f"{args.prompt}-token prompt (greedy), batch sizes {args.decode_batches}. Best of "
       f"{args.repeats} runs; peak RSS is the whole measuring process (framework included).",
       f"Memory bandwidth (numpy copy, read+write): **{bandwidth:.1f} GB/s**.",
+      f"1-minute load average: {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
+      f"end (above the core count, other processes shared the CPUs and the absolute numbers, "
+      f"torch's OpenMP decode especially, are pessimistic).",
       "",
       "| model | params | metric | harnax | transformers | harnax / transformers |",
       "|---|---|---|---|---|---|",

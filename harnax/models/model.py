@@ -174,6 +174,10 @@ class CausalLM(nnx.Module):
       if t > cache.max_length:
         raise ValueError(f"input_ids: {t} tokens do not fit a cache of max_length "
                          f"{cache.max_length}")
+      if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + t > cache.max_length:
+        # Under jit this cannot be checked; dynamic_update_slice would clamp the write.
+        raise ValueError(f"input_ids: {t} more tokens after {int(cache.index)} do not fit a "
+                         f"cache of max_length {cache.max_length}")
       start = jnp.sum(cache.valid, axis=1).astype(jnp.int32)
       positions = positions_from_mask(mask, start)
       index = cache.index

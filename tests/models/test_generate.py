@@ -103,6 +103,10 @@ def test_prompt_longer_than_cache(pair_factory):
   cache = model.init_cache(ids.shape[0], 8)
   with pytest.raises(ValueError, match="do not fit a cache"):
     model(jnp.asarray(ids), jnp.asarray(mask), cache=cache)
+  cache = model.init_cache(ids.shape[0], 12)
+  _, cache = model(jnp.asarray(ids), jnp.asarray(mask), cache=cache)
+  with pytest.raises(ValueError, match="more tokens after 10"):
+    model(jnp.asarray(ids[:, :3]), cache=cache)
   with pytest.raises(ValueError, match="key"):
     gen.generate(model, jnp.asarray(ids), jnp.asarray(mask), max_new_tokens=2, temperature=1.0)
 
