@@ -248,11 +248,8 @@ def _log(p):
 def _state_kl_estimates(key, policy, pi_star, states, num_action_samples, estimator):
   """Per-state estimates at `states` (any shape) from N sampled actions each."""
   rows = policy[states]                                    # [..., A]
-  flat = rows.reshape(-1, rows.shape[-1])
-  keys = jax.random.split(key, flat.shape[0])
-  draw = lambda k, p: sampling._categorical(  # noqa: E731
-      k, jnp.broadcast_to(p, (num_action_samples,) + p.shape))
-  actions = jax.vmap(draw)(keys, flat).reshape(states.shape + (num_action_samples,))
+  u = jax.random.uniform(key, states.shape + (num_action_samples,), rows.dtype)
+  actions = sampling._inverse_cdf(u, rows[..., None, :])          # [..., N]
   if estimator in ("k1", "k3"):
     lp = jnp.take_along_axis(_log(rows), actions, axis=-1)
     lq = jnp.take_along_axis(_log(pi_star[states]), actions, axis=-1)

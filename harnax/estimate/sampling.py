@@ -86,18 +86,36 @@ def _check_count(name: str, n: Any, minimum: int = 1) -> int:
   return int(n)
 
 
+def _inverse_cdf(u: Array, probs: Array) -> Array:
+  """The index `i` with `cdf[i-1] <= u < cdf[i]` for `u ~ U[0, 1)`; `probs [..., K]`.
+
+  Zero-probability entries have empty intervals and are never drawn; the clip
+  to the last positive entry absorbs rounding of the cumulative sum. One
+  uniform per draw keeps the compiled loop small (cheaper than Gumbel-max).
+  """
+  cdf = jnp.cumsum(probs, axis=-1)
+  idx = jnp.sum(cdf <= u[..., None], axis=-1)
+  k = probs.shape[-1]
+  last = k - 1 - jnp.argmax(jnp.flip(probs > 0, axis=-1), axis=-1)
+  return jnp.minimum(idx, last).astype(jnp.int32)
+
+
 def _categorical(key, probs: Array) -> Array:
   """One draw from `probs` (`[..., K]`); zeros are never drawn."""
-  logits = jnp.where(probs > 0, jnp.log(jnp.where(probs > 0, probs, 1.0)), -jnp.inf)
-  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+  u = jax.random.uniform(key, probs.shape[:-1], dtype=probs.dtype)
+  return _inverse_cdf(u, probs)
+
+
+def _next_state(u, mdp, state, action):
+  if isinstance(mdp, mdp_lib.TabularMDP):
+    return _inverse_cdf(u, mdp.transitions[state, action])
+  k = _inverse_cdf(u, mdp.probabilities[state, action])
+  return mdp.successors[state, action, k]
 
 
 def step(key, mdp: mdp_lib.AnyMDP, state: Array, action: Array) -> Array:
   """One transition `s' ~ P(.|s, a)` of a dense or sparse MDP. Scalar int32."""
-  if isinstance(mdp, mdp_lib.TabularMDP):
-    return _categorical(key, mdp.transitions[state, action])
-  k = _categorical(key, mdp.probabilities[state, action])
-  return mdp.successors[state, action, k]
+  return _next_state(jax.random.uniform(key, (), mdp.rewards.dtype), mdp, state, action)
 
 
 def _geometric(key, discount, shape) -> Array:
@@ -137,12 +155,12 @@ def _rollout_to(key, mdp, policy, stop):
   s0 = _categorical(k0, mdp.initial)
 
   def body(carry):
-    t, s, k = carry
-    k, ka, ks = jax.random.split(k, 3)
-    a = _categorical(ka, policy[s])
-    return t + 1, step(ks, mdp, s, a), k
+    t, s = carry
+    u = jax.random.uniform(jax.random.fold_in(kloop, t), (2,), mdp.rewards.dtype)
+    a = _inverse_cdf(u[0], policy[s])
+    return t + 1, _next_state(u[1], mdp, s, a)
 
-  _, s, _ = lax.while_loop(lambda c: c[0] < stop, body, (jnp.int32(0), s0, kloop))
+  _, s = lax.while_loop(lambda c: c[0] < stop, body, (jnp.int32(0), s0))
   return s
 
 
@@ -188,13 +206,13 @@ def _trajectories(key, mdp, policy, num_rollouts, horizon):
 def _trajectory(key, mdp, policy, horizon):
   k0, kloop = jax.random.split(key)
   s0 = _categorical(k0, mdp.initial)
+  uniforms = jax.random.uniform(kloop, (horizon, 2), mdp.rewards.dtype)
 
-  def body(s, k):
-    ka, ks = jax.random.split(k)
-    a = _categorical(ka, policy[s])
-    return step(ks, mdp, s, a), (s, a, mdp.rewards[s, a])
+  def body(s, u):
+    a = _inverse_cdf(u[0], policy[s])
+    return _next_state(u[1], mdp, s, a), (s, a, mdp.rewards[s, a])
 
-  _, (states, actions, rewards) = lax.scan(body, s0, jax.random.split(kloop, horizon))
+  _, (states, actions, rewards) = lax.scan(body, s0, uniforms)
   return Trajectories(states=states, actions=actions, rewards=rewards)
 
 

@@ -73,7 +73,7 @@ class SyntheticHarness(NamedTuple):
   value: float
 
 
-def _bisect(f, lo, hi, target, iters=60):
+def _bisect(f, lo, hi, target, iters=40):
   for _ in range(iters):
     mid = 0.5 * (lo + hi)
     if f(mid) < target:

@@ -66,15 +66,15 @@ def test_estimate_converges_to_exact_mismatch(problem, estimator):
   est = mm.estimate_mismatch(jax.random.PRNGKey(20), mdp, pi, pi_star, TAU, num_states=20000,
                              num_action_samples=32, estimator=estimator, num_resamples=200)
   scale = TAU / (1 - 0.8)
-  errors = []
+  ses = []
   for n in (200, 2000, 20000):
     sub = np.asarray(est.per_state[:n])
     se = scale * sub.std(ddof=1) / np.sqrt(n)
-    err = abs(scale * sub.mean() - m)
     # Miller–Madow leaves an O(1/N^2) bias; 0.01 M covers it at N = 32.
-    assert err <= 4 * se + 0.01 * m
-    errors.append(err)
-  assert errors[-1] < 0.02 * m
+    assert abs(scale * sub.mean() - m) <= 4 * se + 0.01 * m
+    ses.append(se)
+  # The error bar shrinks like 1/sqrt(n) and ends below 2% of M.
+  assert ses[2] < ses[0] / 5 and ses[2] < 0.02 * m
   assert float(est.value) == pytest.approx(scale * np.mean(np.asarray(est.per_state)))
   assert float(est.ci_low) <= m + 4 * float(est.stderr)
   assert int(est.action_samples) == 20000 * 32
@@ -84,24 +84,28 @@ def test_estimate_converges_to_exact_mismatch(problem, estimator):
 
 def test_plugin_is_biased_up_and_miller_madow_removes_most_of_it(problem):
   mdp, _, pi, pi_star, m = problem
-  kw = dict(num_states=20000, num_action_samples=32, num_resamples=200)
+  # N = 4: the plug-in bias (about (m - 1)/(2N) per state) dwarfs the noise.
+  kw = dict(num_states=20000, num_action_samples=4, num_resamples=200)
   key = jax.random.PRNGKey(21)
   plug = mm.estimate_mismatch(key, mdp, pi, pi_star, TAU, estimator="plugin", **kw)
   mad = float(mm.estimate_mismatch(key, mdp, pi, pi_star, TAU, estimator="miller_madow",
                                    **kw).value)
   # Same states and actions (same key): the difference is the correction itself.
-  assert float(plug.value) - m > 4 * float(plug.stderr)
-  assert abs(mad - m) < 0.5 * (float(plug.value) - m)
+  se = float(plug.stderr)
+  assert float(plug.value) - m > 10 * se
+  # At N = 4 the correction removes only part of the bias (the clip at 0 and
+  # higher-order terms remain; docs/estimation.md §3 gives the numbers).
+  assert abs(mad - m) < 0.8 * (float(plug.value) - m)
 
 
 @pytest.fixture(scope="module")
 def repeated(problem):
-  """300 independent k1 estimates (n = 100 states, N = 4), vmapped over keys."""
+  """200 independent k1 estimates (n = 100 states, N = 4), vmapped over keys."""
   mdp, _, pi, pi_star, _ = problem
-  keys = jax.random.split(jax.random.PRNGKey(30), 300)
+  keys = jax.random.split(jax.random.PRNGKey(30), 200)
   f = lambda k: mm.estimate_mismatch(k, mdp, pi, pi_star, TAU, num_states=100,  # noqa: E731
                                      num_action_samples=4, estimator="k1", confidence=0.9,
-                                     num_resamples=400)
+                                     num_resamples=300)
   return jax.vmap(f)(keys)
 
 
@@ -110,7 +114,7 @@ def test_variance_formula_matches_repeated_estimates(problem, repeated):
   formula = float(mm.mismatch_estimator_variance(mdp, pi, pi_star, TAU, num_states=100,
                                                  num_action_samples=4, estimator="k1"))
   empirical = float(np.var(np.asarray(repeated.value), ddof=1))
-  # 300 replicates: the sample variance is within ~8% (1 sd) of the truth.
+  # 200 replicates: the sample variance is within ~10% (1 sd) of the truth.
   assert empirical == pytest.approx(formula, rel=0.25)
   # The per-estimate standard errors agree with it as well.
   assert float(np.mean(np.asarray(repeated.stderr) ** 2)) == pytest.approx(formula, rel=0.25)
@@ -120,7 +124,7 @@ def test_bootstrap_intervals_cover_at_about_the_nominal_rate(problem, repeated):
   m = problem[-1]
   lo, hi = np.asarray(repeated.ci_low), np.asarray(repeated.ci_high)
   coverage = np.mean((lo <= m) & (m <= hi))
-  # Nominal 0.9; binomial sd over 300 seeds is 0.017, and percentile
+  # Nominal 0.9; binomial sd over 200 seeds is 0.021, and percentile
   # intervals under-cover slightly at n = 100.
   assert 0.82 <= coverage <= 0.96
   assert np.mean(np.asarray(repeated.value)) == pytest.approx(m, rel=0.03)
