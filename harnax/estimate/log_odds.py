@@ -40,6 +40,7 @@ import numpy as np
 
 from harnax.core import bellman
 from harnax.core import evaluation
+from harnax.core import solvers
 from harnax.core import validation as val
 
 Array = jax.Array
@@ -194,7 +195,6 @@ def exact_bounds(mdp, policy, pi_ref, tau, *, solution=None) -> tuple[Array, Arr
   Returns:
     Scalars `lower <= M <= upper`.
   """
-  from harnax.core import solvers  # local: only needed here
   policy, pi_ref, tau = evaluation.check_policy_inputs(mdp, policy, pi_ref, tau)
   if solution is None:
     solution = solvers.solve_soft_bellman(mdp, pi_ref, tau)

@@ -175,6 +175,23 @@ def test_seed_literal_form_fails_on_rarely_taken_actions():
   assert kl <= float(lo.score_error_range(p, q, tau=tau)[0]) ** 2 / 8
 
 
+def test_policy_weighted_errors_are_not_bounded_by_kl():
+  # pi = (1/2, 1/2), pi* = (1 - delta, delta): Var_pi(l) grows like log^2(1/delta) while
+  # KL grows like log(1/delta), so no constant c gives Var_pi(l) <= c KL.
+  ratios = []
+  for delta in (1e-2, 1e-8, 1e-32):
+    p, q = np.array([0.5, 0.5]), np.array([1 - delta, delta])
+    l = np.log(p) - np.log(q)
+    var_pi = np.dot(p, l ** 2) - np.dot(p, l) ** 2
+    ratios.append(var_pi / _kl(p, q))
+  assert ratios[0] < ratios[1] < ratios[2] and ratios[2] > 15
+  # Theorem 2's weight stays within its bound on the same pair.
+  for delta in (1e-2, 1e-8, 1e-32):
+    p, q = np.array([[0.5, 0.5]]), np.array([[1 - delta, delta]])
+    we = float(lo.weighted_pair_errors(p, q, np.array([[0]]), np.array([[1]]), tau=1.0)[0, 0])
+    assert we <= 2 * _kl(p[0], q[0])
+
+
 def test_bound_functions_work_under_jit_and_vmap():
   p = jnp.array([[[0.5, 0.3, 0.2]], [[0.1, 0.1, 0.8]]])
   q = jnp.array([[[0.2, 0.2, 0.6]], [[0.3, 0.3, 0.4]]])

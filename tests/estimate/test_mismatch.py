@@ -82,7 +82,7 @@ def test_estimate_converges_to_exact_mismatch(problem, estimator):
   assert 0 <= float(est.truncation_bias) < 1e-12
 
 
-def test_plugin_is_biased_up_and_miller_madow_removes_most_of_it(problem):
+def test_plugin_is_biased_up_and_miller_madow_reduces_the_bias(problem):
   mdp, _, pi, pi_star, m = problem
   # N = 4: the plug-in bias (about (m - 1)/(2N) per state) dwarfs the noise.
   kw = dict(num_states=20000, num_action_samples=4, num_resamples=200)
