@@ -39,6 +39,11 @@ def hf_config(name: str):
     return transformers.Qwen3Config(
         **common, intermediate_size=48, num_hidden_layers=2, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, eos_token_id=5)
+  if name == "qwen3_swa":  # Qwen's own sliding window: layers >= max_window_layers
+    return transformers.Qwen3Config(
+        **common, intermediate_size=48, num_hidden_layers=2, use_sliding_window=True,
+        sliding_window=4, max_window_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0})
   if name == "qwen3_moe":
     return transformers.Qwen3MoeConfig(
         **common, intermediate_size=40, moe_intermediate_size=16, num_hidden_layers=3,

@@ -13,7 +13,7 @@ from flax import nnx
 from conftest import hf_logits, padded_batch
 from harnax import models
 
-FAMILIES = ["qwen3", "qwen3_tied", "qwen3_moe", "qwen3_moe_norm", "gemma3"]
+FAMILIES = ["qwen3", "qwen3_tied", "qwen3_swa", "qwen3_moe", "qwen3_moe_norm", "gemma3"]
 # float32 end to end; observed errors are ~2e-6, the bound leaves room for op-order changes.
 TOL = 1e-4
 
@@ -42,6 +42,11 @@ def test_prompt_exceeds_sliding_window_and_window_matters(pair_factory):
   a = np.asarray(models.forward(pair.model, jnp.asarray(ids[:1])))
   b = np.asarray(models.forward(no_window, jnp.asarray(ids[:1])))
   assert np.abs(a[0, -1] - b[0, -1]).max() > 1e-3
+
+
+def test_qwen3_sliding_window_layers(pair_factory):
+  cfg = pair_factory("qwen3_swa").model.config
+  assert cfg.layer_types == ("full_attention", "sliding_attention") and cfg.sliding_window == 4
 
 
 def test_gemma_config_semantics(pair_factory):
