@@ -122,6 +122,10 @@ def score_error_range(policy, pi_star, *, tau) -> Array:
   `+inf` where `pi` is zero on an available action; 0 with one available action.
   """
   policy, pi_star = _check_pair(policy, pi_star)
+  return _range(policy, pi_star, tau)
+
+
+def _range(policy, pi_star, tau):
   mask = pi_star > 0
   l = _log(policy) - _log(jnp.where(mask, pi_star, 1.0))
   hi = jnp.max(jnp.where(mask, l, -jnp.inf), axis=-1)
@@ -154,6 +158,10 @@ def pair_weights(policy, pi_star, actions_a, actions_b) -> Array:
   where `pi` puts no mass on one of the two actions.
   """
   policy, pi_star = _check_pair(policy, pi_star)
+  return _pair_weights(policy, pi_star, actions_a, actions_b)
+
+
+def _pair_weights(policy, pi_star, actions_a, actions_b):
   pa, pb = _take(policy, actions_a), _take(policy, actions_b)
   qa, qb = _take(pi_star, actions_a), _take(pi_star, actions_b)
 
@@ -170,8 +178,15 @@ def weighted_pair_errors(policy, pi_star, actions_a, actions_b, *, tau) -> Array
   Rows `[S, A]`, pairs int `[S, P]` -> `[S, P]`.
   """
   policy, pi_star = _check_pair(policy, pi_star)
-  w = pair_weights(policy, pi_star, actions_a, actions_b)
-  e = pair_score_errors(_log(policy), tau * _log(pi_star), actions_a, actions_b, tau=tau)
+  val.check_temperature(tau)
+  return _weighted_pair_errors(policy, pi_star, actions_a, actions_b, tau)
+
+
+def _weighted_pair_errors(policy, pi_star, actions_a, actions_b, tau):
+  w = _pair_weights(policy, pi_star, actions_a, actions_b)
+  lp, lq = _log(policy), _log(pi_star)
+  e = tau * ((_take(lp, actions_a) - _take(lp, actions_b))
+             - (_take(lq, actions_a) - _take(lq, actions_b)))
   return jnp.where(w > 0, w * jnp.where(w > 0, e, 0.0) ** 2, 0.0)
 
 
@@ -199,15 +214,18 @@ def exact_bounds(mdp, policy, pi_ref, tau, *, solution=None) -> tuple[Array, Arr
   if solution is None:
     solution = solvers.solve_soft_bellman(mdp, pi_ref, tau)
   pi_star = solution.policy
-  d = evaluation.occupancy(mdp, policy)
+  return _exact_bounds(mdp, policy, pi_star, tau, evaluation.occupancy(mdp, policy))
+
+
+@jax.jit
+def _exact_bounds(mdp, policy, pi_star, tau, d):
   kl = bellman.kl_between(policy, pi_star)
   m = tau / (1.0 - mdp.discount) * jnp.dot(d, kl)
-  upper = mismatch_upper_bound(d, score_error_range(policy, pi_star, tau=tau), tau=tau,
-                               discount=mdp.discount)
+  upper = mismatch_upper_bound(d, _range(policy, pi_star, tau), tau=tau, discount=mdp.discount)
   s, a = policy.shape
   aa = jnp.broadcast_to(jnp.repeat(jnp.arange(a), a), (s, a * a))
   bb = jnp.broadcast_to(jnp.tile(jnp.arange(a), a), (s, a * a))
-  we = weighted_pair_errors(policy, pi_star, aa, bb, tau=tau)
+  we = _weighted_pair_errors(policy, pi_star, aa, bb, tau)
   lower = mismatch_lower_bound(d, jnp.max(we, axis=-1), tau=tau, discount=mdp.discount)
   return lower, m, upper
 

@@ -32,7 +32,11 @@ def _check(x, y):
 
 def average_ranks(x) -> Array:
   """1-based ranks with ties given their average rank, `[n]` -> `[n]`."""
-  x = jnp.asarray(x)
+  return _average_ranks(jnp.asarray(x))
+
+
+@jax.jit
+def _average_ranks(x):
   less = jnp.sum(x[None, :] < x[:, None], axis=-1)
   equal = jnp.sum(x[None, :] == x[:, None], axis=-1)
   return less + (equal + 1) / 2.0
@@ -40,8 +44,12 @@ def average_ranks(x) -> Array:
 
 def spearman(x, y) -> Array:
   """Spearman's rho: the Pearson correlation of the average ranks. Scalar."""
-  x, y = _check(x, y)
-  rx, ry = average_ranks(x), average_ranks(y)
+  return _spearman(*_check(x, y))
+
+
+@jax.jit
+def _spearman(x, y):
+  rx, ry = _average_ranks(x), _average_ranks(y)
   rx, ry = rx - jnp.mean(rx), ry - jnp.mean(ry)
   return jnp.sum(rx * ry) / jnp.sqrt(jnp.sum(rx ** 2) * jnp.sum(ry ** 2))
 
@@ -52,7 +60,11 @@ def kendall_tau_b(x, y) -> Array:
   C, D: concordant and discordant pairs; n0 = n(n-1)/2; n1, n2: pairs tied in
   x and in y. Scalar.
   """
-  x, y = _check(x, y)
+  return _kendall_tau_b(*_check(x, y))
+
+
+@jax.jit
+def _kendall_tau_b(x, y):
   sx = jnp.sign(x[:, None] - x[None, :])
   sy = jnp.sign(y[:, None] - y[None, :])
   n = x.shape[0]

@@ -73,7 +73,38 @@ class SyntheticHarness(NamedTuple):
   value: float
 
 
-def _bisect(f, lo, hi, target, iters=40):
+def _np_optimum(p, r, pi_ref, gamma, tau):
+  """`(V*, pi*)` by soft policy iteration in NumPy (fast inner loop of the bisections)."""
+  avail = pi_ref > 0
+  log_ref = np.log(np.where(avail, pi_ref, 1.0))
+  pi = pi_ref.copy()
+  eye = np.eye(p.shape[0])
+  for _ in range(100):
+    kl = np.sum(np.where(pi > 0, pi * (np.log(np.where(pi > 0, pi, 1.0)) - log_ref), 0.0), -1)
+    v = np.linalg.solve(eye - gamma * np.einsum("sa,sat->st", pi, p),
+                        np.sum(pi * r, -1) - tau * kl)
+    logits = np.where(avail, (r + gamma * p @ v) / tau + log_ref, -np.inf)
+    top = logits.max(-1, keepdims=True)
+    new = np.exp(logits - top)
+    new /= new.sum(-1, keepdims=True)
+    done = np.max(np.abs(new - pi)) < 1e-14
+    pi = new
+    if done:
+      break
+  v_star = tau * (top[:, 0] + np.log(np.sum(np.exp(logits - top), -1)))
+  return v_star, pi
+
+
+def _np_mismatch(p, policy, pi_star, mu0, gamma, tau):
+  p_pi = np.einsum("sa,sat->st", policy, p)
+  d = (1 - gamma) * np.linalg.solve(np.eye(p.shape[0]) - gamma * p_pi.T, mu0)
+  pos = policy > 0
+  kl = np.sum(np.where(pos, policy * (np.log(np.where(pos, policy, 1.0))
+                                      - np.log(np.where(pos, pi_star, 1.0))), 0.0), -1)
+  return tau / (1 - gamma) * float(d @ kl)
+
+
+def _bisect(f, lo, hi, target, iters=50):
   for _ in range(iters):
     mid = 0.5 * (lo + hi)
     if f(mid) < target:
@@ -108,20 +139,18 @@ def _harness(rng, name, c_target, m_target, p_term, *, num_states, discount, tau
   mu0[0] = 1.0
   nonterm = np.arange(s) < num_states
 
-  def build(shift):
-    r = base + shift * nonterm[:, None]
-    return mdp_lib.TabularMDP(transitions=p, rewards=r, discount=discount, initial=mu0)
+  def rewards(shift):
+    return base + shift * nonterm[:, None]
 
   def ceiling(shift):
-    return float(objectives.ceiling(build(shift), pi_ref, tau, tol=1e-12))
+    return float(mu0 @ _np_optimum(p, rewards(shift), pi_ref, discount, tau)[0])
 
   shift = _bisect(ceiling, -20.0, 20.0, c_target)
-  mdp = build(shift)
-  sol = solvers.solve_soft_bellman(mdp, pi_ref, tau, tol=1e-12)
-  pi_star = np.asarray(sol.policy)
+  mdp = mdp_lib.TabularMDP(transitions=p, rewards=rewards(shift), discount=discount, initial=mu0)
+  pi_star_np = _np_optimum(p, rewards(shift), pi_ref, discount, tau)[1]
   avail = pi_ref > 0
   bad = np.where(avail, rng.normal(0.0, 2.5, (s, a)), 0.0)
-  log_star = np.log(np.where(avail, pi_star, 1.0))
+  log_star = np.log(np.where(avail, pi_star_np, 1.0))
 
   def policy(lam):
     logits = np.where(avail, (1 - lam) * log_star + lam * bad, -np.inf)
@@ -129,10 +158,15 @@ def _harness(rng, name, c_target, m_target, p_term, *, num_states, discount, tau
     e = np.exp(logits)
     return e / e.sum(-1, keepdims=True)
 
-  def mism(lam):
-    return float(objectives.mismatch(mdp, policy(lam), pi_ref, tau, solution=sol))
+  lam = _bisect(lambda x: _np_mismatch(p, policy(x), pi_star_np, mu0, discount, tau),
+                0.0, 4.0, m_target)
+  # The exact answers come from harnax core.
+  sol = solvers.solve_soft_bellman(mdp, pi_ref, tau, tol=1e-12)
+  pi_star = np.asarray(sol.policy)
 
-  lam = _bisect(mism, 0.0, 4.0, m_target)
+  def mism(x):
+    return float(objectives.mismatch(mdp, policy(x), pi_ref, tau, solution=sol))
+
   pol = policy(lam)
   c = float(objectives.ceiling(mdp, pi_ref, tau, solution=sol))
   m = mism(lam)

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import harnax as hx
 from harnax.estimate import log_odds as lo
 
-PROFILE = settings(max_examples=40, deadline=None, derandomize=True)
+PROFILE = settings(max_examples=30, deadline=None, derandomize=True)
 
 # Relative slack for rounding only (the bounds are tight: ratios reach 1).
 RTOL = 1e-9
