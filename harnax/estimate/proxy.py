@@ -13,8 +13,11 @@ mismatch grows with the number of decisions:
 `p_hat_t` is the policy's empirical category distribution (plug-in, with the
 Miller–Madow correction by default, clipped at 0); `q~_t` is the proxy's,
 smoothed additively, `q~ = (n + alpha) / (N + alpha K)` over the K categories,
-so categories the proxy never produced keep a finite log (alpha = 1/2 is
-Jeffreys' prior; it pulls `q~` toward uniform by O(alpha K / N)).
+so categories the proxy never produced keep a finite log. The default
+alpha = 1/4 trades two biases (docs/estimation.md §7): a larger alpha caps a
+decision's log-ratio near `log((N + alpha K) / alpha)` and so underestimates
+large KLs; a smaller one leaves more of the upward bias from the noise of the
+proxy's frequencies.
 
 Log format: JSON Lines, one episode per line,
 
