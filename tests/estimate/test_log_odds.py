@@ -112,6 +112,29 @@ def test_exact_bounds_match_an_independent_numpy_computation():
   assert float(lower) == pytest.approx(low / (2 * tau * 0.1), rel=1e-10)
 
 
+def test_sampled_log_odds_route_estimates_the_upper_bound():
+  # Deployment version: states from d^pi, N sampled actions, empirical log-odds of
+  # every available pair against the exact scores F*, Delta_s as the largest pair
+  # error, and the bound averaged over sampled states.
+  mdp, ref, pi, tau = _mdp_case(7, 4, 3, 0.8, 0.5, 1.0, 0.0)
+  sol = hx.solve_soft_bellman(mdp, ref, tau, tol=1e-12)
+  m = float(hx.mismatch(mdp, pi, ref, tau, solution=sol))
+  _, _, exact_upper = (float(x) for x in lo.exact_bounds(mdp, pi, ref, tau, solution=sol))
+  rng = np.random.default_rng(3)
+  d, p = np.asarray(hx.occupancy(mdp, pi)), np.asarray(pi)
+  states = rng.choice(4, size=2000, p=d)
+  counts = np.stack([rng.multinomial(4000, p[s]) for s in states])
+  aa, bb = np.repeat(np.arange(3), 3)[None], np.tile(np.arange(3), 3)[None]
+  aa, bb = np.broadcast_to(aa, (2000, 9)), np.broadcast_to(bb, (2000, 9))
+  log_odds = lo.empirical_log_odds(counts, aa, bb)
+  f = np.asarray(sol.scores)[states]
+  e = tau * np.asarray(log_odds) - (np.take_along_axis(f, aa, -1) - np.take_along_axis(f, bb, -1))
+  delta = e.max(-1)
+  est = float(lo.mismatch_upper_bound(np.full(2000, 1 / 2000), delta, tau=tau, discount=0.8))
+  assert est == pytest.approx(exact_upper, rel=0.1)
+  assert est >= m
+
+
 def test_pair_score_errors_are_log_odds_differences_and_ignore_constants():
   tau = 0.7
   logp = np.log(np.array([[0.5, 0.3, 0.2]]))
