@@ -365,7 +365,8 @@ def _every_step(key, mdp, policy, pi_star, tau, num_rollouts, horizon, num_actio
   max_kl = jnp.max(bellman.kl_between(policy, pi_star))
   return MismatchEstimate(
       value=tau * jnp.mean(sums), per_state=sums, stderr=tau * _stderr(sums), ci_low=tau * lo,
-      ci_high=tau * hi, truncation_bias=tau * mdp.discount ** horizon * max_kl / (1.0 - mdp.discount),
+      ci_high=tau * hi,
+      truncation_bias=tau * mdp.discount ** horizon * max_kl / (1.0 - mdp.discount),
       env_steps=jnp.asarray(num_rollouts * horizon),
       action_samples=jnp.asarray(num_rollouts * horizon * num_action_samples))
 

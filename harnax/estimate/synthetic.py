@@ -21,7 +21,6 @@ import os
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from harnax.core import evaluation
@@ -127,7 +126,10 @@ def _harness(rng, name, c_target, m_target, p_term, *, num_states, discount, tau
   for i in range(num_states):
     for j in range(a):
       last = i == num_states - 1
-      nxt = term if last or rng.uniform() < p_term else int(min(i + 1 + rng.integers(2), num_states - 1))
+      if last or rng.uniform() < p_term:
+        nxt = term
+      else:
+        nxt = int(min(i + 1 + rng.integers(2), num_states - 1))
       p[i, j, nxt] = 1.0
   p[term, :, term] = 1.0
   base = rng.uniform(0.0, 1.0, (s, a))

@@ -27,7 +27,8 @@ pairs_of_policies = st.builds(
     lambda seed, a, sp, sq, unavailable, policy_zero, tau: _pair(
         np.random.default_rng(seed), a, sp, sq, unavailable, policy_zero, tau),
     seed=st.integers(0, 2**31 - 1), a=st.sampled_from([2, 3, 5, 8]),
-    sp=st.sampled_from([0.01, 0.5, 2.0, 8.0, 25.0]), sq=st.sampled_from([0.01, 0.5, 2.0, 8.0, 25.0]),
+    sp=st.sampled_from([0.01, 0.5, 2.0, 8.0, 25.0]),
+    sq=st.sampled_from([0.01, 0.5, 2.0, 8.0, 25.0]),
     unavailable=st.booleans(), policy_zero=st.booleans(), tau=st.sampled_from([0.01, 1.0, 30.0]))
 
 

@@ -13,7 +13,8 @@ from harnax.estimate import synthetic
 
 
 @pytest.mark.parametrize("text,category", [
-    ("cat src/main.py", "inspect_file"), ("grep -rn foo .", "inspect_file"), ("ls -la", "inspect_file"),
+    ("cat src/main.py", "inspect_file"), ("grep -rn foo .", "inspect_file"),
+    ("ls -la", "inspect_file"),
     ("sed -i 's/a/b/' x.py", "edit"), ("apply_patch <<EOF", "edit"), ("cat > new.py", "edit"),
     ("echo hi > out.txt", "edit"), ("pytest -q tests", "run_command"), ("$ make", "run_command"),
     ("python run.py", "run_command"), ("Plan: read the test first", "plan"),

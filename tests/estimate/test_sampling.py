@@ -106,7 +106,10 @@ def test_gym_sampler_reproduces_occupancy_on_frozen_lake():
   env = FrozenLakeEnv(map_name="4x4", is_slippery=True)   # no TimeLimit: terminal absorbs
   table = np.asarray(hx.random_policy(jax.random.PRNGKey(9), hx.uniform_reference(16, 4)))
   cdf = np.cumsum(table, -1)
-  policy_fn = lambda obs, rng: min(int(np.searchsorted(cdf[obs], rng.random(), "right")), 3)  # noqa: E731
+
+  def policy_fn(obs, rng):
+    return min(int(np.searchsorted(cdf[obs], rng.random(), "right")), 3)
+
   d = np.asarray(hx.occupancy(_frozen_lake_mdp(env, 0.9), table))
   tvs = []
   for n in (300, 6000):
