@@ -159,6 +159,21 @@ def test_truncation_bias_bound_holds_exactly(problem, horizon):
   assert 0 <= bias <= TAU * 0.8 ** horizon * kl.max() / (1 - 0.8) + 1e-12
 
 
+def test_float32_sparse_estimate_runs_and_agrees():
+  # The default dtype path, on a sparse MDP: same estimator, float32 throughout.
+  with jax.enable_x64(False):
+    mdp = hx.random_sparse_mdp(jax.random.PRNGKey(60), S, A, 2, discount=0.8)
+    ref = hx.uniform_reference(S, A)
+    pi = hx.random_policy(jax.random.PRNGKey(61), ref)
+    sol = hx.solve_soft_bellman(mdp, ref, TAU)
+    m = float(hx.mismatch(mdp, pi, ref, TAU, solution=sol))
+    est = mm.estimate_mismatch(jax.random.PRNGKey(62), mdp, pi, sol.policy, TAU,
+                               num_states=20000, num_action_samples=32, estimator="k3",
+                               num_resamples=200)
+    assert est.value.dtype == np.float32
+    assert abs(float(est.value) - m) <= 4 * float(est.stderr) + 1e-4
+
+
 def test_mismatch_from_state_kls_and_bootstrap(problem):
   kls = jnp.array([0.1, 0.3, 0.2, 0.4])
   assert float(mm.mismatch_from_state_kls(kls, tau=2.0, discount=0.5)) == pytest.approx(1.0)
