@@ -72,8 +72,11 @@ def run(path, mesh):
       return train_step(graphdef, params, rest, opt_state, ids, mask, tx)
 
   opt_state = jax.jit(tx.init)(p)
-  loss, logits, new_p, _ = jax.jit(sharded_step, static_argnames=("graphdef", "tx"))(
-      g, p, rest, opt_state, ids_s, mask_s, tx=tx)
+  jitted = jax.jit(sharded_step, static_argnames=("graphdef", "tx"))
+  # The activation constraints must reach the program, not be silently dropped.
+  hlo = jitted.lower(g, p, rest, opt_state, ids_s, mask_s, tx=tx).as_text()
+  assert hlo.count("sharding_constraint") >= model.config.num_layers, "no activation constraints"
+  loss, logits, new_p, _ = jitted(g, p, rest, opt_state, ids_s, mask_s, tx=tx)
   err = float(jnp.max(jnp.abs(logits - ref_logits)))
   assert err < 1e-4, err
   assert logits.sharding.spec[0] == ("data", "fsdp"), logits.sharding

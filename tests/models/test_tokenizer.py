@@ -65,3 +65,19 @@ def test_chat_template_matches_transformers(tok_dir):
   for gen_prompt in (False, True):
     assert ours.apply_chat_template(messages, add_generation_prompt=gen_prompt) == \
         ref.apply_chat_template(messages, add_generation_prompt=gen_prompt, tokenize=False)
+
+
+def test_chat_template_file_and_missing_template(tok_dir, tmp_path):
+  import shutil
+  d = tmp_path / "tok2"
+  shutil.copytree(tok_dir, d)
+  config = json.loads((d / "tokenizer_config.json").read_text())
+  del config["chat_template"]
+  (d / "tokenizer_config.json").write_text(json.dumps(config))
+  assert Tokenizer.from_dir(str(d)).chat_template is None
+  with pytest.raises(ValueError, match="chat_template"):
+    Tokenizer.from_dir(str(d)).apply_chat_template([{"role": "user", "content": "go"}])
+  (d / "chat_template.jinja").write_text(TEMPLATE)  # the transformers 5 layout
+  msgs = [{"role": "user", "content": "go north"}]
+  assert Tokenizer.from_dir(str(d)).apply_chat_template(msgs) == \
+      transformers.AutoTokenizer.from_pretrained(str(d)).apply_chat_template(msgs, tokenize=False)
