@@ -29,6 +29,12 @@ FAMILIES = {
 }
 MODEL_TYPES = {qwen3.MODEL_TYPE: qwen3.ARCHITECTURE, qwen3_moe.MODEL_TYPE: qwen3_moe.ARCHITECTURE,
                gemma3.MODEL_TYPE: gemma3.ARCHITECTURE}
+# Multimodal wrappers whose language model we load (text only; the vision tower is skipped).
+MULTIMODAL = {"Gemma3ForConditionalGeneration": gemma3.ARCHITECTURE}
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                    "model.multi_modal_projector.")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -46,17 +52,40 @@ def architecture_of(d: TMapping[str, Any]) -> str:
   """Supported architecture name of a config dict (``architectures`` first, then ``model_type``)."""
   archs = d.get("architectures") or []
   for arch in archs:
-    if arch in FAMILIES:
+    if arch in FAMILIES or arch in MULTIMODAL:
       return arch
   if not archs and d.get("model_type") in MODEL_TYPES:
     return MODEL_TYPES[d["model_type"]]
   raise ValueError(f"config.architectures: unsupported architecture {archs or None} "
-                   f"(model_type={d.get('model_type')!r}); supported: {sorted(FAMILIES)}")
+                   f"(model_type={d.get('model_type')!r}); supported: "
+                   f"{sorted(FAMILIES) + sorted(MULTIMODAL)}")
 
 
 def config_from_hf_dict(d: TMapping[str, Any]) -> DecoderConfig:
-  """Family config from a ``config.json`` dict, dispatched on the architecture."""
-  return FAMILIES[architecture_of(d)][0].from_hf_dict(d)
+  """Family config from a ``config.json`` dict, dispatched on the architecture.
+
+  For a multimodal wrapper (``Gemma3ForConditionalGeneration``) this is the config of its
+  language model, which saves back as the text-only architecture.
+  """
+  arch = architecture_of(d)
+  if arch in MULTIMODAL:
+    text = dict(d.get("text_config") or {})
+    text.setdefault("tie_word_embeddings", d.get("tie_word_embeddings", True))
+    text.update(architectures=[MULTIMODAL[arch]], model_type=gemma3.MODEL_TYPE)
+    return config_from_hf_dict(text)
+  return FAMILIES[arch][0].from_hf_dict(d)
+
+
+def text_tensor_name(name: str, multimodal: bool) -> str | None:
+  """Checkpoint name -> the text-model name the rules use; None for a vision tensor."""
+  if not multimodal:
+    return name
+  if name.startswith(_VISION_PREFIXES):
+    return None
+  for old, new in _TEXT_PREFIXES:
+    if name.startswith(old):
+      return new + name[len(old):]
+  return name
 
 
 def rules_for(cfg: DecoderConfig) -> list[mapping.Rule]:
@@ -124,14 +153,19 @@ def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
     CheckpointError: the tensors do not match the model (lists all mismatches).
   """
   with open(os.path.join(path, "config.json")) as f:
-    cfg = config_from_hf_dict(json.load(f))
+    raw = json.load(f)
+  cfg = config_from_hf_dict(raw)
+  multimodal = architecture_of(raw) in MULTIMODAL
   graphdef, state = nnx.split(abstract_model(cfg, param_dtype=dtype, moe_impl=moe_impl))
   m = model_mapping(cfg, state)
   expected = m.expected()
   files = _shard_files(path)
   present = {}
   for file in files:
-    present.update(safetensors_io.tensor_shapes(os.path.join(path, file)))
+    for name, shape in safetensors_io.tensor_shapes(os.path.join(path, file)).items():
+      text_name = text_tensor_name(name, multimodal)
+      if text_name is not None:
+        present[text_name] = shape
   problems = check_checkpoint(m, present, tied=cfg.tie_word_embeddings)
   if problems:
     raise CheckpointError(path, problems)
@@ -149,9 +183,11 @@ def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
 
   np_dtype = np.dtype(jnp.dtype(dtype))
   for file in files:
-    names = [n for n in safetensors_io.tensor_shapes(os.path.join(path, file)) if n in expected]
+    file_names = {n: text_tensor_name(n, multimodal)
+                  for n in safetensors_io.tensor_shapes(os.path.join(path, file))}
+    names = [n for n, text_name in file_names.items() if text_name in expected]
     for name, tensor in safetensors_io.iter_tensors(os.path.join(path, file), names):
-      target = expected[name]
+      target = expected[file_names[name]]
       array = mapping.from_hf(tensor, target.transform).astype(np_dtype)
       if target.expert is None:
         place(target.path, array)

@@ -132,7 +132,7 @@ def test_unsupported_architecture():
     models.config_from_hf_dict(dict(QWEN3_0_6B, architectures=["LlamaForCausalLM"],
                                     model_type="llama"))
   with pytest.raises(ValueError, match="unsupported architecture"):
-    models.config_from_hf_dict({"model_type": "gemma3"})  # the multimodal wrapper
+    models.config_from_hf_dict({"model_type": "gemma3"})  # no architectures: ambiguous
 
 
 def test_load_pretrained_rejects_unsupported_architecture(tmp_path):

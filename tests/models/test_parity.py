@@ -126,3 +126,32 @@ def test_every_moe_implementation_matches_transformers(pair_factory, impl):
   ref = hf_logits(pair.hf, ids, mask)
   out = np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(mask)))
   np.testing.assert_array_less(np.abs(out - ref)[mask.astype(bool)].max(), TOL)
+
+
+def test_gemma3_multimodal_checkpoint_loads_its_language_model(tmp_path):
+  """Gemma 3 4B+ ship as Gemma3ForConditionalGeneration: the text model loads, vision is skipped."""
+  text = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=4,
+              layer_types=["sliding_attention", "full_attention"])
+  vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, image_size=28, patch_size=14)
+  config = transformers.Gemma3Config(text_config=text, vision_config=vision,
+                                     mm_tokens_per_image=4, image_token_index=299,
+                                     boi_token_index=297, eoi_token_index=298)
+  torch.manual_seed(0)
+  hf = transformers.Gemma3ForConditionalGeneration(config).eval()
+  with torch.no_grad():
+    for name, p in hf.named_parameters():
+      if "norm" in name:
+        p.add_(0.3 * torch.randn_like(p))
+  hf.save_pretrained(str(tmp_path / "mm"))
+  model = models.load_pretrained(str(tmp_path / "mm"))
+  assert model.config.architecture == "Gemma3ForCausalLM"
+  ids, mask = padded_batch(seed=12)
+  ref = hf_logits(hf, ids, mask)
+  out = np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(mask)))
+  np.testing.assert_array_less(np.abs(out - ref)[mask.astype(bool)].max(), TOL)
+  # It saves back as the text-only model.
+  models.save_pretrained(model, str(tmp_path / "text"))
+  text_only = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "text")).eval()
+  np.testing.assert_allclose(hf_logits(text_only, ids, mask), ref, atol=1e-5, rtol=0)
