@@ -89,3 +89,16 @@ def test_safetensors_bfloat16_round_trip(tmp_path):
   got = dict(safetensors_io.iter_tensors(file))
   np.testing.assert_array_equal(got["a"].astype(np.float32), a.astype(np.float32))
   np.testing.assert_array_equal(load_file(file)["b"], b)  # readable by the reference library
+
+
+def test_tied_checkpoint_with_redundant_lm_head_loads(pair_factory, tmp_path):
+  pair = pair_factory("qwen3_tied")
+  extra = str(tmp_path / "extra")
+  _rewrite(pair.path, extra,
+           lambda t: t.__setitem__("lm_head.weight", t["model.embed_tokens.weight"].copy()))
+  model = models.load_pretrained(extra)
+  assert model.lm_head is None
+  ids, mask = padded_batch()
+  np.testing.assert_array_equal(
+      np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(mask))),
+      np.asarray(models.forward(pair.model, jnp.asarray(ids), jnp.asarray(mask))))
