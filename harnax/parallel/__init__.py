@@ -1,5 +1,6 @@
 """Meshes and sharding rules shared by solvers and models."""
 
+from harnax.parallel.batch import batch_mesh, shard_batch
 from harnax.parallel.sharding import (
     DEFAULT_RULES,
     MESH_AXES,
@@ -14,6 +15,8 @@ from harnax.parallel.sharding import (
 )
 
 __all__ = [
+    "batch_mesh",
+    "shard_batch",
     "DEFAULT_RULES",
     "MESH_AXES",
     "constrain",
