@@ -208,6 +208,7 @@ def main():
       rows.append((family, n_params, ours, ref))
       print(family, n_params, ours, ref, flush=True)
 
+  load_after = os.getloadavg()[0]
   lines = [
       "# LM throughput: harnax (JAX jit) vs transformers (torch CPU)",
       "",
@@ -218,9 +219,10 @@ def main():
       f"{args.prompt}-token prompt (greedy), batch sizes {args.decode_batches}. Best of "
       f"{args.repeats} runs; peak RSS is the whole measuring process (framework included).",
       f"Memory bandwidth (numpy copy, read+write): **{bandwidth:.1f} GB/s**.",
-      f"1-minute load average: {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
-      f"end (above the core count, other processes shared the CPUs and the absolute numbers, "
-      f"torch's OpenMP decode especially, are pessimistic).",
+      f"1-minute load average: {load_before:.1f} at the start, {load_after:.1f} at the end"
+      + (" (above the core count: other processes shared the CPUs and the absolute numbers, "
+         "torch's OpenMP decode especially, are pessimistic)."
+         if max(load_before, load_after) > (os.cpu_count() or 1) else "."),
       "",
       "| model | params | metric | harnax | transformers | harnax / transformers |",
       "|---|---|---|---|---|---|",
