@@ -6,6 +6,9 @@ and direct linear solves.
 
 import numpy as np
 
+# The MDP-level references are shared with the core tests (also harnax-free).
+from tests.core.reference import evaluate, kl_rows, log_ref, occupancy  # noqa: F401
+
 
 def aggregate(output_probs, decode_table, num_actions, invalid, noop_action=None):
   """Pi_H by looping over outputs."""
@@ -23,32 +26,6 @@ def aggregate(output_probs, decode_table, num_actions, invalid, noop_action=None
     out[:, noop_action] += inv
     return out
   return out / out.sum(-1, keepdims=True)
-
-
-def log_ref(pi_ref):
-  with np.errstate(divide="ignore"):
-    return np.where(pi_ref > 0, np.log(np.where(pi_ref > 0, pi_ref, 1.0)), -np.inf)
-
-
-def kl_rows(p, q):
-  with np.errstate(divide="ignore", invalid="ignore"):
-    t = np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - np.log(np.where(q > 0, q, 1e-300))),
-                 0.0)
-  return t.sum(-1)
-
-
-def evaluate(P, r, gamma, policy, pi_ref, tau):
-  s = r.shape[0]
-  P_pi = np.einsum("sa,sat->st", policy, P)
-  c = (policy * r).sum(-1) - tau * kl_rows(policy, pi_ref)
-  v = np.linalg.solve(np.eye(s) - gamma * P_pi, c)
-  return v, r + gamma * P @ v
-
-
-def occupancy(P, gamma, mu0, policy):
-  s = P.shape[0]
-  P_pi = np.einsum("sa,sat->st", policy, P)
-  return (1 - gamma) * np.linalg.solve((np.eye(s) - gamma * P_pi).T, mu0)
 
 
 def soft_optimum(P, r, gamma, pi_ref, tau, iters=100):
