@@ -1,6 +1,6 @@
 # Two commands for a fresh machine:
 #   make demo   set up .venv and run the built-in default experiment
-#   make test   set up .venv (with test and model-parity extras) and run the tests
+#   make test   set up .venv (with test, model-parity and browser extras) and run the tests
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # Test workers: one per core by default (CI has 2).
 WORKERS ?= 2
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,13 +19,29 @@ $(VENV)/.demo-installed: $(PY) setup.cfg pyproject.toml
 	touch $@
 
 $(VENV)/.test-installed: $(PY) setup.cfg pyproject.toml
-	$(PIP) install --quiet -e ".[test,models]"
+	$(PIP) install --quiet -e ".[test,models,browser]"
 	touch $@
+
+# Headless Chromium for the real-browser tests (tests/envs/test_browser.py, docs/browser.md).
+# As root (CI) it is installed from Debian when missing; otherwise those tests skip with a
+# note, except under CI=true, where a missing browser fails them.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and chromium-driver (apt-get)"; \
+	  ( apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      chromium chromium-driver >/dev/null ) \
+	  || { echo "apt-get install chromium chromium-driver failed"; [ "$$CI" != true ]; }; \
+	else \
+	  echo "note: chromium/chromedriver missing; browser tests skip" \
+	       "(sudo apt-get install chromium chromium-driver)"; \
+	fi
 
 demo: $(VENV)/.demo-installed
 	$(PY) scripts/demo.py --config=configs/demo.py
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed browser
 	$(PY) -m pytest -n $(WORKERS) tests
 
 bench: $(VENV)/.test-installed
