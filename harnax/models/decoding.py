@@ -75,8 +75,10 @@ def prefill(graphdef, state, input_ids: Array, attention_mask: Array,
             cache: Cache) -> tuple[Array, Cache]:
   """Writes the prompts into ``cache``; returns last-position logits [B, V] and the cache."""
   model = nnx.merge(graphdef, state)
-  logits, cache = model(input_ids, attention_mask, cache=cache)
-  return logits[:, -1], cache
+  hidden, cache = model.hidden_states(input_ids, attention_mask, cache=cache)
+  # Decoding starts from the last position only: projecting every position onto the
+  # vocabulary would cost a [B, T, V] matmul and buffer for nothing.
+  return model.logits(hidden[:, -1:])[:, 0], cache
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k",

@@ -204,7 +204,9 @@ def attend(q: Array, k: Array, v: Array, mask: Array, *, scale: float,
 
   Args:
     q: [B, T, H, D] queries.
-    k, v: [B, S, K, D] keys and values with K dividing H (query head h uses kv head h // (H/K)).
+    k, v: [B, K, S, D] keys and values, heads-major (the KV cache's layout, so attending
+      over the cache needs no transpose of it), with K dividing H (query head h uses kv
+      head h // (H/K)).
     mask: [B, T, S] boolean.
     scale: multiplier of q·k.
     softcap: if set, logits become ``softcap * tanh(logits / softcap)`` before masking.
@@ -214,15 +216,15 @@ def attend(q: Array, k: Array, v: Array, mask: Array, *, scale: float,
     never NaN.
   """
   b, t, h, d = q.shape
-  kv_heads = k.shape[2]
+  kv_heads = k.shape[1]
   qg = q.reshape(b, t, kv_heads, h // kv_heads, d)
-  logits = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+  logits = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
   if softcap is not None:
     logits = softcap * jnp.tanh(logits / softcap)
   # A finite floor rather than -inf keeps fully masked rows (padding queries) NaN-free.
   logits = jnp.where(mask[:, None, None, :, :], logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
   return out.reshape(b, t, h, d)
 
 
@@ -253,7 +255,7 @@ class Attention(nnx.Module):
     self.inv_freq = tuple(float(f) for f in inv_freq)  # static, hashable
 
   def project_qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
-    """[B, T, hidden] -> rotated q [B, T, H, D], rotated k and v [B, T, K, D]."""
+    """[B, T, hidden] -> rotated q [B, T, H, D], rotated k and v [B, K, T, D] (heads-major)."""
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -263,11 +265,11 @@ class Attention(nnx.Module):
     cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32), self.rope_scaling)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q = constrain(q, ("batch", "seq", "act_heads", None))
-    return q, k, v
+    return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
   def attend_and_project(self, q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array,
                          k_valid: Array) -> Array:
-    """Attention over given keys/values followed by the output projection -> [B, T, hidden]."""
+    """Attention over keys/values [B, K, S, D], then the output projection -> [B, T, hidden]."""
     mask = attention_mask(q_pos, k_pos, k_valid, window=self.window)
     out = attend(q, k, v, mask, scale=self.scale, softcap=self.softcap)
     b, t = out.shape[:2]
@@ -344,44 +346,122 @@ def experts_ragged(x: Array, weights: Array, experts: Array, gate: Array, up: Ar
   return jnp.zeros_like(x).at[token].add(y)
 
 
+def experts_sorted(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
+                   down: Array, act, *, block: int | None = None) -> Array:
+  """Same result as :func:`experts_ragged`, as a sort-by-expert grouped matmul in plain loops.
+
+  The N*k assignments are sorted by expert, so each expert's tokens form one contiguous
+  segment. A scan over experts runs each segment through the expert MLP in chunks of
+  ``block`` rows; chunks past the segment are skipped (``lax.cond``). The cost is k expert
+  MLPs per token plus fewer than ``block`` padding rows per expert: the CPU path for long
+  inputs, where ``ragged_dot`` lowers to a slow loop. Static trip counts keep it
+  reverse-differentiable.
+
+  A chunk that runs past its segment also writes rows of later experts; those are
+  overwritten when the scan reaches them, because segments are in expert order.
+
+  Args:
+    x: [N, hidden]; weights: [N, k]; experts: [N, k] int.
+    gate, up: [E, hidden, I]; down: [E, I, hidden].
+    block: rows per chunk; by default the power of two (8 to 128) nearest above the mean
+      segment length N*k/E, trading padding against per-chunk overhead.
+  Returns:
+    [N, hidden].
+  """
+  n, k = experts.shape
+  num_experts, hidden = gate.shape[0], gate.shape[1]
+  m = n * k
+  if block is None:
+    block = 8
+    while block < 128 and block * num_experts < m:
+      block *= 2
+  # An expert receives each token at most once (top-k experts are distinct), so n rows at most.
+  max_chunks = -(-n // block)
+  flat = experts.reshape(-1)
+  order = jnp.argsort(flat, stable=True)
+  xs = jnp.take(x, order // k, axis=0)
+  xs = jnp.concatenate([xs, jnp.zeros((block, hidden), xs.dtype)])  # the last chunk may overrun
+  sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+  starts = jnp.cumsum(sizes) - sizes
+
+  def per_expert(ys, expert):
+    g, u, d, start, size = expert
+
+    def chunk(j, ys):
+      def compute(ys):
+        row = start + j * block
+        xc = jax.lax.dynamic_slice_in_dim(xs, row, block)
+        yc = (act(xc @ g) * (xc @ u)) @ d
+        return jax.lax.dynamic_update_slice_in_dim(ys, yc.astype(ys.dtype), row, 0)
+      return jax.lax.cond(j * block < size, compute, lambda ys: ys, ys)
+
+    return jax.lax.fori_loop(0, max_chunks, chunk, ys), None
+
+  ys, _ = jax.lax.scan(per_expert, jnp.zeros((m + block, hidden), x.dtype),
+                       (gate, up, down, starts, sizes))
+  # Unsort by a scatter of the permutation (cheaper than a second argsort).
+  inverse = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32))
+  y = jnp.take(ys, inverse, axis=0).reshape(n, k, hidden)
+  return jnp.einsum("nkh,nk->nh", y, weights.astype(y.dtype))
+
+
 def experts_dense(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
                   down: Array, act) -> Array:
   """Same result as :func:`experts_ragged`, computing every expert on every token.
 
-  E times the FLOPs, but only einsums: the layout that shards trivially over an expert axis.
+  E/k times the FLOPs, but only batched einsums over the expert axis: the layout that shards
+  trivially over experts, and on CPU the fastest choice for a few tokens (a batch of decode
+  steps), where all experts' weights are read anyway. The expert axis leads in both operands
+  so that XLA batches the matmuls without transposing the weights.
   """
   num_experts = gate.shape[0]
   combine = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=jnp.float32) * weights[..., None],
                     axis=1)  # [N, E]
-  h = act(jnp.einsum("nh,ehi->nei", x, gate)) * jnp.einsum("nh,ehi->nei", x, up)
-  y = jnp.einsum("nei,eih->neh", h, down)
-  return jnp.einsum("neh,ne->nh", y, combine.astype(y.dtype))
+  xe = jnp.broadcast_to(x[None], (num_experts,) + x.shape)
+  h = act(jnp.einsum("enh,ehi->eni", xe, gate)) * jnp.einsum("enh,ehi->eni", xe, up)
+  y = jnp.einsum("eni,eih->enh", h, down)
+  return jnp.einsum("enh,ne->nh", y, combine.astype(y.dtype))
 
 
 def experts_gather(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
                    down: Array, act) -> Array:
-  """Same result as :func:`experts_ragged`, gathering the k chosen experts' weights per token.
+  """Same result as :func:`experts_ragged`, one (token, expert) assignment at a time.
 
-  Reads only the routed experts, so it is the memory-bound choice for decoding a few tokens;
-  it copies ``N * k`` weight matrices, so it is a poor choice for long prefills.
+  A loop over the N*k assignments reads only the routed experts' weights, so it is the
+  memory-bound choice for decoding a single token; its cost grows with N*k, so it is a poor
+  choice for anything longer.
   """
-  g, u, d = (jnp.take(w, experts, axis=0) for w in (gate, up, down))  # [N, k, ...]
-  h = act(jnp.einsum("nh,nkhi->nki", x, g)) * jnp.einsum("nh,nkhi->nki", x, u)
-  y = jnp.einsum("nki,nkih->nkh", h, d)
-  return jnp.einsum("nkh,nk->nh", y, weights.astype(y.dtype))
+  n, k = experts.shape
+  flat = experts.reshape(-1)
+  flat_weights = weights.reshape(-1)
+
+  def assignment(j, out):
+    e, token = flat[j], j // k
+    xj = x[token]
+    y = (act(xj @ gate[e]) * (xj @ up[e])) @ down[e]
+    return out.at[token].add(flat_weights[j].astype(y.dtype) * y)
+
+  return jax.lax.fori_loop(0, n * k, assignment, jnp.zeros_like(x))
 
 
-MOE_IMPLS = {"ragged": experts_ragged, "dense": experts_dense, "gather": experts_gather}
+MOE_IMPLS = {"ragged": experts_ragged, "sorted": experts_sorted, "dense": experts_dense,
+             "gather": experts_gather}
 
 
 def choose_moe_impl(impl: str, num_tokens: int, k: int, num_experts: int) -> str:
-  """Resolves ``"auto"``: grouped matmuls on accelerators; on CPU, where ``ragged_dot`` lowers
-  poorly, gather the routed experts for short inputs (decode) and compute all experts otherwise."""
+  """Resolves ``"auto"``: grouped matmuls (``ragged``) on accelerators. On CPU, where
+  ``ragged_dot`` lowers poorly, by the number of (token, expert) assignments N*k (measured
+  on a 16-expert, top-4 model, see ``benchmarks/lm_throughput.py``): ``gather`` up to E (a
+  single decoded token), ``dense`` up to 4E (a batch of decoded tokens, which touches most
+  experts anyway), ``sorted`` beyond (prefill)."""
   if impl != "auto":
     return impl
   if jax.default_backend() != "cpu":
     return "ragged"
-  return "gather" if num_tokens * k <= num_experts else "dense"
+  assignments = num_tokens * k
+  if assignments <= num_experts:
+    return "gather"
+  return "dense" if assignments <= 4 * num_experts else "sorted"
 
 
 class MoE(nnx.Module):

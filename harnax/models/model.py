@@ -27,7 +27,11 @@ Array = jax.Array
 
 @struct.dataclass
 class AttentionCache:
-  """Keys and values of one attention layer: ``k``, ``v`` [B, L, K, D]."""
+  """Keys and values of one attention layer: ``k``, ``v`` [B, K, L, D].
+
+  Heads-major, the layout attention reads, so a decode step writes one slot per head and
+  never transposes the cache.
+  """
 
   k: Array
   v: Array
@@ -98,8 +102,8 @@ class DecoderLayer(nnx.Module):
       k_all, v_all, k_pos, k_valid, new_cache = k, v, positions, mask, None
     else:
       zero = jnp.zeros((), jnp.int32)
-      k_all = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (zero, index, zero, zero))
-      v_all = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (zero, index, zero, zero))
+      k_all = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (zero, zero, index, zero))
+      v_all = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (zero, zero, index, zero))
       k_pos, k_valid = cache_positions, cache_valid
       new_cache = AttentionCache(k=k_all, v=v_all)
     h = self.attn.attend_and_project(q, k_all, v_all, positions, k_pos, k_valid)
@@ -145,7 +149,7 @@ class CausalLM(nnx.Module):
     """Empty cache for ``batch_size`` sequences of at most ``max_length`` tokens."""
     cfg = self.config
     dtype = dtype or self.dtype
-    shape = (batch_size, max_length, cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch_size, cfg.num_kv_heads, max_length, cfg.head_dim)
     layers = tuple(AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
                    for _ in range(cfg.num_layers))
     return Cache(layers=layers, positions=jnp.zeros((batch_size, max_length), jnp.int32),

@@ -1,5 +1,7 @@
 """Shared layers against transformers' own building blocks."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,7 +69,8 @@ def test_attention_softcap_window_and_gqa_match_eager_kernel():
                                    torch.tensor(kk).transpose(1, 2),
                                    torch.tensor(v).transpose(1, 2), additive, scaling=0.3,
                                    softcap=2.0)
-  out = layers.attend(jnp.asarray(q), jnp.asarray(kk), jnp.asarray(v), jnp.asarray(mask),
+  heads_major = lambda a: jnp.asarray(a).transpose(0, 2, 1, 3)  # [B, S, K, D] -> [B, K, S, D]
+  out = layers.attend(jnp.asarray(q), heads_major(kk), heads_major(v), jnp.asarray(mask),
                       scale=0.3, softcap=2.0)
   rows = mask.any(-1)  # fully masked rows (padding queries) are unspecified in the reference
   np.testing.assert_allclose(np.asarray(out)[rows], ref.numpy()[rows], atol=1e-5)
@@ -101,6 +104,41 @@ def test_moe_block_matches_transformers_and_dense_path():
     router = jnp.asarray(block.gate.weight.detach().numpy().T)
     flat = jnp.asarray(x.reshape(-1, 16))
     w, e = layers.route_top_k(flat @ router, 2, normalize=normalize)
-    for fn in (layers.experts_ragged, layers.experts_dense, layers.experts_gather):
+    # block=2 splits segments into several chunks, some overrunning into the next expert's.
+    sorted_small_chunks = functools.partial(layers.experts_sorted, block=2)
+    for fn in (layers.experts_ragged, layers.experts_sorted, sorted_small_chunks,
+               layers.experts_dense, layers.experts_gather):
       out = fn(flat, w, e, gate, up, down, jax.nn.silu).reshape(x.shape)
       np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
+
+
+def test_moe_implementations_have_the_same_gradients():
+  """Training may run any path (``auto`` picks by input size), so all must differentiate."""
+  rng = np.random.RandomState(0)
+  n, hidden, inter, num_experts, k = 7, 6, 5, 4, 2
+  x = jnp.asarray(rng.randn(n, hidden), jnp.float32)
+  gate, up = (jnp.asarray(rng.randn(num_experts, hidden, inter) * 0.5, jnp.float32)
+              for _ in range(2))
+  down = jnp.asarray(rng.randn(num_experts, inter, hidden) * 0.5, jnp.float32)
+  router = jnp.asarray(rng.randn(hidden, num_experts), jnp.float32)
+
+  def loss(fn, x, gate, up, down):
+    w, e = layers.route_top_k(x @ router, k, normalize=True)
+    return jnp.sum(jnp.sin(fn(x, w, e, gate, up, down, jax.nn.silu)))
+
+  grads = {}
+  for name, fn in [("dense", layers.experts_dense), ("sorted", layers.experts_sorted),
+                   ("sorted_block2", functools.partial(layers.experts_sorted, block=2)),
+                   ("gather", layers.experts_gather), ("ragged", layers.experts_ragged)]:
+    grads[name] = jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3))(x, gate, up, down)
+  for name, g in grads.items():
+    for got, want in zip(g, grads["dense"]):
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("tokens,expected", [(1, "gather"), (4, "gather"), (8, "dense"),
+                                             (16, "dense"), (17, "sorted"), (512, "sorted")])
+def test_auto_moe_impl_on_cpu_by_number_of_assignments(tokens, expected):
+  # 16 experts, top-4 (the benchmark's MoE): a decoded token, a decode batch, a prefill.
+  assert layers.choose_moe_impl("auto", tokens, 4, 16) == expected
+  assert layers.choose_moe_impl("dense", tokens, 4, 16) == "dense"

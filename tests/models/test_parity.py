@@ -118,7 +118,7 @@ def test_load_bfloat16_and_save_bfloat16(pair_factory, tmp_path):
   assert next(hf_bf16.parameters()).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("impl", ["ragged", "dense", "gather"])
+@pytest.mark.parametrize("impl", ["ragged", "sorted", "dense", "gather"])
 def test_every_moe_implementation_matches_transformers(pair_factory, impl):
   pair = pair_factory("qwen3_moe")
   model = models.load_pretrained(pair.path, moe_impl=impl)
