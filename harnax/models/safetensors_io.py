@@ -1,8 +1,9 @@
 """Minimal reader/writer for the safetensors format (header JSON + raw little-endian bytes).
 
 Own code rather than the ``safetensors`` package so that bfloat16 works with plain numpy
-(through ``ml_dtypes``, which JAX ships) and so that tensors are memory-mapped one at a time:
-a shard is never materialised as a whole.
+(through ``ml_dtypes``, which JAX ships) and so that tensors are read one at a time: a shard
+is never materialised as a whole, and (unlike a memory map, whose touched pages stay in the
+process's resident set until it is closed) a tensor's bytes are freed once it is converted.
 """
 
 from __future__ import annotations
@@ -40,15 +41,18 @@ def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
 
 
 def iter_tensors(path: str, names: Iterable[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
-  """Yields ``(name, array)``; arrays are read-only views on a memory map of the file."""
+  """Yields ``(name, array)``, each array freshly read from the file (owned by the caller)."""
   header, start = read_header(path)
-  data = np.memmap(path, dtype=np.uint8, mode="r", offset=start)
-  for name in (header if names is None else names):
-    info = header[name]
-    if info["dtype"] not in _DTYPES:
-      raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
-    begin, end = info["data_offsets"]
-    yield name, data[begin:end].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+  with open(path, "rb") as f:
+    for name in (header if names is None else names):
+      info = header[name]
+      if info["dtype"] not in _DTYPES:
+        raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+      dtype = _DTYPES[info["dtype"]]
+      begin, end = info["data_offsets"]
+      f.seek(start + begin)
+      array = np.fromfile(f, dtype=dtype, count=(end - begin) // dtype.itemsize)
+      yield name, array.reshape(info["shape"])
 
 
 def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
