@@ -5,7 +5,8 @@ One table per family, used in both directions. Patterns use two placeholders: ``
 checkpoint stores one tensor per expert, we store them stacked on a leading expert axis).
 
 Transforms are named, not lambdas, so the table can be printed in the docs: ``identity`` or
-``transpose`` (HF ``nn.Linear`` weights are ``[out, in]``; our kernels are ``[in, out]``).
+``transpose``. Our kernels keep the HF ``nn.Linear`` layout ``[out, in]``, so the current
+families only use ``identity``; ``transpose`` stays for layouts that differ.
 """
 
 from __future__ import annotations
@@ -130,26 +131,26 @@ def common_rules(*, post_attn_name: str) -> list[Rule]:
   rules = [
       Rule("model.embed_tokens.weight", "embed_tokens.embedding"),
       Rule("model.norm.weight", "norm.weight"),
-      Rule("lm_head.weight", "lm_head.kernel", "transpose"),
+      Rule("lm_head.weight", "lm_head.kernel"),
       Rule(f"{layer}.input_layernorm.weight", f"{ours}.attn_norm.weight"),
       Rule(f"{layer}.post_attention_layernorm.weight", f"{ours}.{post_attn_name}.weight"),
       Rule(f"{layer}.self_attn.q_norm.weight", f"{ours}.attn.q_norm.weight"),
       Rule(f"{layer}.self_attn.k_norm.weight", f"{ours}.attn.k_norm.weight"),
   ]
   for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-    rules.append(Rule(f"{layer}.self_attn.{proj}.weight", f"{ours}.attn.{proj}.kernel", "transpose"))
+    rules.append(Rule(f"{layer}.self_attn.{proj}.weight", f"{ours}.attn.{proj}.kernel"))
     rules.append(Rule(f"{layer}.self_attn.{proj}.bias", f"{ours}.attn.{proj}.bias"))
   for proj in ("gate_proj", "up_proj", "down_proj"):
-    rules.append(Rule(f"{layer}.mlp.{proj}.weight", f"{ours}.mlp.{proj}.kernel", "transpose"))
+    rules.append(Rule(f"{layer}.mlp.{proj}.weight", f"{ours}.mlp.{proj}.kernel"))
   return rules
 
 
 def moe_rules() -> list[Rule]:
   layer = "model.layers.{layer}.mlp"
   ours = "layers.{layer}.mlp"
-  rules = [Rule(f"{layer}.gate.weight", f"{ours}.router", "transpose")]
+  rules = [Rule(f"{layer}.gate.weight", f"{ours}.router")]
   for proj in ("gate_proj", "up_proj", "down_proj"):
-    rules.append(Rule(f"{layer}.experts.{{expert}}.{proj}.weight", f"{ours}.{proj}", "transpose"))
+    rules.append(Rule(f"{layer}.experts.{{expert}}.{proj}.weight", f"{ours}.{proj}"))
   return rules
 
 

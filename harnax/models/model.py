@@ -206,7 +206,7 @@ class CausalLM(nnx.Module):
     if self.lm_head is None:
       logits = self.embed_tokens.attend(hidden)
     else:
-      logits = jnp.einsum("...d,dv->...v", hidden, self.lm_head.kernel[...],
+      logits = jnp.einsum("...d,vd->...v", hidden, self.lm_head.kernel[...],
                           preferred_element_type=jnp.float32)
     cap = self.config.final_logit_softcapping
     if cap is not None:

@@ -57,7 +57,8 @@ def run(path, mesh):
   model = models.load_pretrained(path, mesh=mesh, moe_impl="ragged")
   specs = [v.get_value().sharding.spec for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
   q = model.layers[0].attn.q_proj.kernel[...]
-  assert q.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor"), q.sharding.spec
+  # [out, in] = (q_heads, embed) -> (tensor, fsdp).
+  assert q.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp"), q.sharding.spec
   assert len(q.addressable_shards) == 8 and q.addressable_shards[0].data.shape == (
       q.shape[0] // 2, q.shape[1] // 2), q.addressable_shards[0].data.shape
   assert sum(1 for s in specs if any(a is not None for a in s)) >= len(specs) // 2, specs

@@ -168,7 +168,7 @@ def test_score_gradient_matches_torch_autograd(pair_factory):
   lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, torch.tensor(ids)[:, 1:, None])[..., 0]
   valid = torch.tensor(span[:, 1:] * mask[:, :-1], dtype=torch.float32)
   ((lp * valid).sum(1) / valid.sum(1)).sum().backward()
-  ref_q = hf.model.layers[1].self_attn.q_proj.weight.grad.numpy().T
+  ref_q = hf.model.layers[1].self_attn.q_proj.weight.grad.numpy()
   ref_norm = hf.model.layers[0].post_feedforward_layernorm.weight.grad.numpy()
   got_q = np.asarray(grads["layers"][1]["attn"]["q_proj"]["kernel"][...])
   got_norm = np.asarray(grads["layers"][0]["post_mlp_norm"]["weight"][...])
