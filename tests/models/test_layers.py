@@ -103,8 +103,9 @@ def test_moe_block_matches_transformers_and_dense_path():
     router = jnp.asarray(block.gate.weight.detach().numpy())  # [E, H]
     flat = jnp.asarray(x.reshape(-1, 16))
     w, e = layers.route_top_k(flat @ router.T, 2, normalize=normalize)
-    # block=2 splits segments into several chunks, some overrunning into the next expert's.
-    sorted_small_chunks = functools.partial(layers.experts_sorted, block=2)
+    # capacity=1 sends most rows down the overflow loop; block=2 makes chunks overrun into
+    # the next expert's segment.
+    sorted_small_chunks = functools.partial(layers.experts_sorted, capacity=1, block=2)
     for fn in (layers.experts_ragged, layers.experts_sorted, sorted_small_chunks,
                layers.experts_dense, layers.experts_gather):
       out = fn(flat, w, e, gate, up, down, jax.nn.silu).reshape(x.shape)
@@ -127,7 +128,8 @@ def test_moe_implementations_have_the_same_gradients():
 
   grads = {}
   for name, fn in [("dense", layers.experts_dense), ("sorted", layers.experts_sorted),
-                   ("sorted_block2", functools.partial(layers.experts_sorted, block=2)),
+                   ("sorted_overflow", functools.partial(layers.experts_sorted, capacity=1,
+                                                         block=2)),
                    ("gather", layers.experts_gather), ("ragged", layers.experts_ragged)]:
     grads[name] = jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3))(x, gate, up, down)
   for name, g in grads.items():
