@@ -7,7 +7,11 @@ transfer decomposition, swap analysis), `harnax.estimate` (deployment estimators
 `harnax.models` (Flax NNX LLM ports), `harnax.parallel` (meshes, sharding).
 """
 
-from harnax.core.bellman import action_scores
+from harnax import _xla_flags
+
+_xla_flags.apply_cpu_workarounds()
+
+from harnax.core.bellman import action_scores  # pylint: disable=g-import-not-at-top
 from harnax.core.bellman import hard_bellman_operator
 from harnax.core.bellman import kl_between
 from harnax.core.bellman import q_values
