@@ -274,7 +274,7 @@ def test_observation_text_shows_element_state():
   text = c.observation(c.state_of(2))
   assert text.split("\n")[0] == "task: Select y2 and click Submit."
   assert '[2]: radio "y2" (selected)' in text and '[1]: radio "x1" (unselected)' in text
-  assert "check: the selected option is the one the task names" in text
+  assert "check: pass (the selected option is the one the task names)" in text
   assert c.observation(c.done_state) == "task: done"
 
 

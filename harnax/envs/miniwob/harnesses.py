@@ -7,8 +7,11 @@ A harness fixes three things (docs/harnesses.md):
 * their **execution** on the page, which defines the semantic MDP and so the
   ceiling C;
 * its **encoding**: the observation text, made of fields (the task utterance,
-  one line per visible element with id, kind, text and state, and the
-  harness's notes) in a field order that is a parameter.
+  the harness's notes — its commands and, where it has them, instructions,
+  check and verification results — and one line per visible element with id,
+  kind, text and state) in a field order that is a parameter. Notes come
+  before the page, as a harness's tool description precedes the observation
+  in a prompt, so a harness with more notes also moves the element lines.
 
 The additions of seed 000 (H1–H4 add one each; H5 has all four):
 
@@ -47,7 +50,7 @@ HARNESSES = ("H0", "H1", "H2", "H3", "H4", "H5")
 ADDITIONS = ("batch", "check", "verify", "instructions")
 _ADDED = {"H0": (), "H1": ("batch",), "H2": ("check",), "H3": ("verify",),
           "H4": ("instructions",), "H5": ADDITIONS}
-FIELD_GROUPS = ("task", "elements", "notes")
+FIELD_GROUPS = ("task", "notes", "elements")
 SWAPS = (("H0", "H1"), ("H0", "H2"), ("H0", "H3"), ("H0", "H4"), ("H0", "H5"),
          ("H1", "H5"), ("H2", "H5"), ("H3", "H5"), ("H4", "H5"))
 """The nine swaps of seed 000: each addition on its own, and each single
@@ -64,7 +67,7 @@ class HarnessSpec:
   Attributes:
     name: `"H0"` ... `"H5"`.
     batch, check, verify, instructions: the four additions.
-    field_order: the order of the field groups `("task", "elements", "notes")`.
+    field_order: the order of the field groups `("task", "notes", "elements")`.
     reverse_fields: reverse the order of every observation field (lines).
   """
 
@@ -103,6 +106,11 @@ class Action:
 
   name: str
   clicks: tuple[int, ...] = ()
+
+
+def _verdict(task, page) -> str:
+  ready, message = task.check(page)
+  return f"{'pass' if ready else 'fail'} ({message})"
 
 
 def _click_name(clicks) -> str:
@@ -233,9 +241,9 @@ class CompiledHarness:
       if spec.instructions:
         notes.append(("instructions", task.instructions))
       if spec.check:
-        notes.append(("check", task.check(page)[1]))
+        notes.append(("check", _verdict(task, page)))
       if spec.verify:
-        notes.append(("verify", task.check(page)[1] if self.verified_of_state[state]
+        notes.append(("verify", _verdict(task, page) if self.verified_of_state[state]
                       else "not run"))
       groups = {"task": [("task", task.utterance)], "elements": elements, "notes": notes}
     out = [f for g in spec.field_order for f in groups[g]]

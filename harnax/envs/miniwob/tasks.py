@@ -28,6 +28,7 @@ are `[e + 1]`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import string
 from typing import ClassVar
@@ -183,7 +184,7 @@ class CheckboxesTask(Task):
     named = [x for x, t in zip(self.labels, self.targets) if t]
     return f"Select {', '.join(named) if named else 'nothing'} and click Submit."
 
-  @property
+  @functools.cached_property
   def elements(self) -> tuple[Element, ...]:
     boxes = tuple(Element("checkbox", x, f"ch{i}") for i, x in enumerate(self.labels))
     return boxes + (Element("button", "Submit", "subbtn"),)
@@ -275,7 +276,7 @@ class OptionTask(Task):
   def utterance(self) -> str:
     return f"Select {self.labels[self.answer]} and click Submit."
 
-  @property
+  @functools.cached_property
   def elements(self) -> tuple[Element, ...]:
     radios = tuple(Element("radio", x, f"ch{i}") for i, x in enumerate(self.labels))
     return radios + (Element("button", "Submit", "subbtn"),)
@@ -372,7 +373,7 @@ class TabsTask(Task):
   def utterance(self) -> str:
     return f'Switch between the tabs to find and click on the link "{self.target}".'
 
-  @property
+  @functools.cached_property
   def elements(self) -> tuple[Element, ...]:
     tabs = tuple(Element("tab", f"Tab #{j + 1}", f"ui-id-{j + 1}") for j in range(NUM_TABS))
     return tabs + tuple(Element("link", x, "", j) for j, tab in enumerate(self.links)

@@ -1,0 +1,319 @@
+"""The tabular MiniWoB++ study: C, M and J across H0–H5, and the nine swaps.
+
+For one family: task instances split into train and held-out sets, each
+compiled under every harness; a log-linear text model (`policy`) trained by
+exact policy gradient on the training instances of each harness (one weight
+vector per harness, shared by all instances), then read through every
+harness on the held-out instances ("frozen") and adapted to the harness it is
+swapped to. Everything is exact: `C` by the soft-Bellman solver, `J` by policy
+evaluation, `M` by its own formula (docs/theory.md §2), so `J = C - M` is a
+check.
+
+Instances of different sizes are padded to one shape and vmapped: padded
+states are unreachable absorbing states whose only action is `wait`, padded
+actions are unavailable (`pi_ref = 0`), padded outputs get probability 0.
+None of them changes `C`, `J` or `M` of the real instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from harnax.core import evaluation
+from harnax.core import mdp as mdp_lib
+from harnax.core import objectives
+from harnax.harness import aggregation
+from harnax.harness import interface
+from harnax.envs.miniwob import harnesses as harnesses_lib
+from harnax.envs.miniwob import policy as policy_lib
+
+Array = jax.Array
+
+
+class PaddedBatch(NamedTuple):
+  """Compiled harnesses of several instances padded to one shape (all arrays).
+
+  Attributes:
+    mdp: `TabularMDP` with leaves `[N, S, A, S]`, `[N, S, A]`, `[N]`, `[N, S]`.
+    pi_ref: `[N, S, A]`.
+    decode_table: int32 `[N, S, O]`.
+    features: `[N, S, O, D]`.
+    output_mask: bool `[N, O]`.
+  """
+
+  mdp: mdp_lib.TabularMDP
+  pi_ref: Array
+  decode_table: Array
+  features: Array
+  output_mask: Array
+
+
+def batch_shape(compiled: Sequence[harnesses_lib.CompiledHarness]) -> tuple[int, int, int]:
+  """`(S, A, O)`: the largest state, action and output counts."""
+  return (max(c.harness.num_states for c in compiled),
+          max(c.harness.num_actions for c in compiled),
+          max(c.harness.num_outputs for c in compiled))
+
+
+def pad_batch(compiled: Sequence[harnesses_lib.CompiledHarness], shape=None,
+              dtype=None) -> PaddedBatch:
+  """Stacks compiled harnesses, padded to `shape = (S, A, O)` (default: the largest)."""
+  s_max, a_max, o_max = shape if shape is not None else batch_shape(compiled)
+  dtype = jax.dtypes.canonicalize_dtype(dtype if dtype is not None else jnp.float64)
+  mdps, refs, tables, feats, masks = [], [], [], [], []
+  for c in compiled:
+    h = c.harness
+    s, a, o = h.num_states, h.num_actions, h.num_outputs
+    if s > s_max or a > a_max or o > o_max:
+      raise ValueError(f"shape: expected at least ({s}, {a}, {o}) for {c!r}, got "
+                       f"{(s_max, a_max, o_max)}")
+    p = np.zeros((s_max, a_max, s_max))
+    p[np.arange(s_max), :, np.arange(s_max)] = 1.0  # padding: self-loops
+    p[:s, :a, :] = 0.0
+    p[:s, :a, :s] = np.asarray(h.mdp.transitions)
+    r = np.zeros((s_max, a_max))
+    r[:s, :a] = np.asarray(h.mdp.rewards)
+    mu0 = np.zeros(s_max)
+    mu0[:s] = np.asarray(h.mdp.initial)
+    ref = np.zeros((s_max, a_max))
+    ref[:s, :a] = np.asarray(h.pi_ref)
+    ref[s:, harnesses_lib.WAIT] = 1.0
+    table = np.full((s_max, o_max), interface.INVALID, np.int32)
+    table[:s, :o] = np.asarray(h.decode_table)
+    phi = np.zeros((s_max, o_max, policy_lib.NUM_FEATURES))
+    phi[:s, :o] = policy_lib.harness_features(c)
+    mask = np.arange(o_max) < o
+    mdps.append(mdp_lib.TabularMDP(transitions=p.astype(dtype), rewards=r.astype(dtype),
+                                   discount=np.asarray(h.mdp.discount, dtype),
+                                   initial=mu0.astype(dtype)))
+    refs.append(ref.astype(dtype))
+    tables.append(table)
+    feats.append(phi.astype(dtype))
+    masks.append(mask)
+  return PaddedBatch(mdp=mdp_lib.stack(mdps), pi_ref=jnp.asarray(np.stack(refs)),
+                     decode_table=jnp.asarray(np.stack(tables)),
+                     features=jnp.asarray(np.stack(feats)), output_mask=jnp.asarray(np.stack(masks)))
+
+
+def semantic_policy(theta: Array, batch: PaddedBatch) -> Array:
+  """`Pi_H(a | s)` of the model on every instance, `[N, S, A]` (invalid -> wait)."""
+  def one(features, mask, table, ref):
+    logp = policy_lib.output_log_probs(theta, features, mask)
+    return jnp.exp(aggregation.aggregate_log_probs(
+        logp, table, num_actions=ref.shape[-1], invalid="noop",
+        noop_action=harnesses_lib.WAIT))
+  return jax.vmap(one)(batch.features, batch.output_mask, batch.decode_table, batch.pi_ref)
+
+
+class Scores(NamedTuple):
+  """Per-instance exact quantities, each `[N]`."""
+
+  ceiling: Array
+  value: Array
+  mismatch: Array
+
+
+@jax.jit
+def _evaluate(policy, mdp, pi_ref, tau):
+  def one(m, pol, ref):
+    c = objectives.ceiling(m, ref, tau)
+    j = evaluation.evaluate_policy(m, pol, ref, tau).value
+    mm = objectives.mismatch(m, pol, ref, tau)
+    return c, j, mm
+  return Scores(*jax.vmap(one)(mdp, policy, pi_ref))
+
+
+def evaluate(policy: Array, batch: PaddedBatch, tau: float) -> Scores:
+  """`C`, `J` and `M` of a semantic policy `[N, S, A]` on every instance."""
+  return _evaluate(policy, batch.mdp, batch.pi_ref, jnp.asarray(tau, batch.pi_ref.dtype))
+
+
+def evaluate_model(theta: Array, batch: PaddedBatch, tau: float) -> Scores:
+  """`C`, `J` and `M` of the text model `theta` on every instance."""
+  return evaluate(semantic_policy(theta, batch), batch, tau)
+
+
+@functools.partial(jax.jit, static_argnames=("steps",))
+def _train(theta, batch, tau, steps, learning_rate):
+  opt = optax.adam(learning_rate)
+
+  def loss(th):
+    pol = semantic_policy(th, batch)
+    values = jax.vmap(lambda m, p, r: evaluation.evaluate_policy(m, p, r, tau).value)(
+        batch.mdp, pol, batch.pi_ref)
+    return -jnp.mean(values)
+
+  def step(carry, _):
+    th, state = carry
+    val, g = jax.value_and_grad(loss)(th)
+    updates, state = opt.update(g, state, th)
+    return (optax.apply_updates(th, updates), state), -val
+
+  (theta, _), curve = jax.lax.scan(step, (theta, opt.init(theta)), None, length=steps)
+  return theta, curve
+
+
+def train(batch: PaddedBatch, *, tau: float, steps: int = 200, learning_rate: float = 0.1,
+          theta: Array | None = None) -> tuple[Array, Array]:
+  """Exact policy-gradient ascent (Adam) on the mean `J` over the batch.
+
+  Gradients are exact (autodiff through the policy evaluation's linear
+  solve); nothing is sampled.
+
+  Args:
+    batch: a `PaddedBatch` of training instances.
+    tau: temperature > 0.
+    steps: optimizer steps.
+    learning_rate: Adam step size.
+    theta: initial weights `[D]` (zeros if None), e.g. a model to adapt.
+
+  Returns:
+    `(theta [D], mean J before each step [steps])`.
+  """
+  if not isinstance(steps, (int, np.integer)) or steps < 0:
+    raise ValueError(f"steps: expected a non-negative int, got {steps!r}")
+  if not float(tau) > 0:
+    raise ValueError(f"tau: expected a positive float, got {tau!r}")
+  dtype = batch.pi_ref.dtype
+  theta = (jnp.zeros(policy_lib.NUM_FEATURES, dtype) if theta is None
+           else jnp.asarray(theta, dtype))
+  return _train(theta, batch, jnp.asarray(tau, dtype), int(steps),
+                jnp.asarray(learning_rate, dtype))
+
+
+@dataclasses.dataclass
+class FamilyStudy:
+  """Results of `run_family` (means over held-out instances unless noted).
+
+  Attributes:
+    family: the family name.
+    harnesses: harness names, in order (`n` of them).
+    ceiling: `[n]`, mean `C` per harness.
+    reference: `Scores` of the reference policy per harness (`[n]` each).
+    frozen: `Scores` of the model trained on harness i read through harness j
+      (`[n, n]` each; the diagonal is the model on its own harness).
+    adapted: `{(i, j): Scores}` of model i adapted to harness j (scalars).
+    train_curves: `{i: [steps]}` mean training `J` of model i.
+    optimal_decisions_unchanged: True when the field-reversed harnesses have
+      the same optimal decisions as the originals on every held-out instance.
+    decision_flips: `[n]`, fraction of non-terminal states whose most probable
+      output of the model trained on harness i changes when its fields are
+      reversed.
+    reversed_frozen: `Scores` of model i on harness i with reversed fields.
+    num_train, num_test: instance counts.
+  """
+
+  family: str
+  harnesses: tuple[str, ...]
+  ceiling: np.ndarray
+  reference: Scores
+  frozen: Scores
+  adapted: dict
+  train_curves: dict
+  optimal_decisions_unchanged: bool
+  decision_flips: np.ndarray
+  reversed_frozen: Scores
+  num_train: int
+  num_test: int
+
+
+def _mean(scores: Scores) -> Scores:
+  return Scores(*(float(np.mean(np.asarray(x))) for x in scores))
+
+
+def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
+               discount: float = 0.9, steps: int = 200, adapt_steps: int = 100,
+               learning_rate: float = 0.1, harnesses: Sequence[str] = harnesses_lib.HARNESSES,
+               swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS) -> FamilyStudy:
+  """Trains one model per harness and measures every harness and swap (module doc)."""
+  from harnax.core import solvers  # the optimum of each held-out instance
+  names = tuple(harnesses)
+  for a, b in swaps:
+    if a not in names or b not in names:
+      raise ValueError(f"swaps: ({a!r}, {b!r}) names a harness not in {names}")
+
+  def compiled(tasks, reverse=False):
+    return {h: [harnesses_lib.compile_harness(t, h, discount=discount, reverse_fields=reverse)
+                for t in tasks] for h in names}
+
+  train_c, test_c, test_r = compiled(train_tasks), compiled(test_tasks), compiled(test_tasks,
+                                                                                  True)
+  # One padded shape per family: one compile for every harness and split.
+  shape = tuple(max(x) for x in zip(*(batch_shape(cs) for d in (train_c, test_c)
+                                      for cs in d.values())))
+  train_b = {h: pad_batch(train_c[h], shape) for h in names}
+  test_b = {h: pad_batch(test_c[h], shape) for h in names}
+  test_rb = {h: pad_batch(test_r[h], shape) for h in names}
+
+  thetas, curves = {}, {}
+  for h in names:
+    thetas[h], curves[h] = train(train_b[h], tau=tau, steps=steps, learning_rate=learning_rate)
+  n = len(names)
+  frozen = [[None] * n for _ in range(n)]
+  for i, hi in enumerate(names):
+    for j, hj in enumerate(names):
+      frozen[i][j] = _mean(evaluate_model(thetas[hi], test_b[hj], tau))
+  frozen = Scores(*(np.array([[getattr(frozen[i][j], f) for j in range(n)] for i in range(n)])
+                    for f in Scores._fields))
+  reference = [_mean(evaluate(test_b[h].pi_ref, test_b[h], tau)) for h in names]
+  reference = Scores(*(np.array([getattr(r, f) for r in reference]) for f in Scores._fields))
+  adapted = {}
+  for a, b in swaps:
+    th, _ = train(train_b[b], tau=tau, steps=adapt_steps, learning_rate=learning_rate,
+                  theta=thetas[a])
+    adapted[(names.index(a), names.index(b))] = _mean(evaluate_model(th, test_b[b], tau))
+  reversed_frozen = [_mean(evaluate_model(thetas[h], test_rb[h], tau)) for h in names]
+  reversed_frozen = Scores(*(np.array([getattr(r, f) for r in reversed_frozen])
+                             for f in Scores._fields))
+
+  # Field reversal: the optimum's decisions stay, the model's top output moves.
+  unchanged, flips = True, []
+  for h in names:
+    moved = total = 0
+    for c, cr in zip(test_c[h], test_r[h]):
+      hh, hr = c.harness, cr.harness
+      sol = solvers.solve_soft_bellman(hh.mdp, hh.pi_ref, tau)
+      sol_r = solvers.solve_soft_bellman(hr.mdp, hr.pi_ref, tau)
+      unchanged &= bool(np.array_equal(np.argmax(sol.policy, -1), np.argmax(sol_r.policy, -1)))
+      f, fr = policy_lib.harness_features(c), policy_lib.harness_features(cr)
+      top = np.argmax(np.asarray(policy_lib.output_log_probs(thetas[h], f)), -1)
+      top_r = np.argmax(np.asarray(policy_lib.output_log_probs(thetas[h], fr)), -1)
+      live = np.arange(hh.num_states) != c.done_state
+      moved += int(np.sum(top[live] != top_r[live]))
+      total += int(np.sum(live))
+    flips.append(moved / total)
+  return FamilyStudy(
+      family=family, harnesses=names, ceiling=reference.ceiling, reference=reference,
+      frozen=frozen, adapted=adapted, train_curves={h: np.asarray(c) for h, c in curves.items()},
+      optimal_decisions_unchanged=unchanged, decision_flips=np.array(flips),
+      reversed_frozen=reversed_frozen, num_train=len(train_tasks), num_test=len(test_tasks))
+
+
+def swap_rows(study: FamilyStudy, swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS
+              ) -> list[dict]:
+  """The swap quantities of the harness layer (docs/harness.md) per swap H -> H'.
+
+  `T = ΔC + M_H(pi)`; the frozen change is `J_H'(pi read through H') - J_H(pi)`;
+  the realized gain is `J_H'(pi adapted) - J_H(pi)`.
+  """
+  names = study.harnesses
+  rows = []
+  for a, b in swaps:
+    i, j = names.index(a), names.index(b)
+    f = study.frozen
+    dc = f.ceiling[j, j] - f.ceiling[i, i]
+    t = dc + f.mismatch[i, i]
+    ad = study.adapted.get((i, j))
+    rows.append(dict(
+        swap=f"{a} → {b}", delta_ceiling=dc, source_mismatch=f.mismatch[i, i], threshold=t,
+        frozen_change=f.value[i, j] - f.value[i, i], frozen_mismatch=f.mismatch[i, j],
+        adapted_mismatch=ad.mismatch if ad else np.nan,
+        realized_gain=(ad.value - f.value[i, i]) if ad else np.nan))
+  return rows
