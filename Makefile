@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # Test workers: one per core by default (CI has 2).
 WORKERS ?= 2
 
-.PHONY: demo test bench clean browser
+.PHONY: demo test bench study clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(VENV)/.demo-installed: $(PY) setup.cfg pyproject.toml
 	touch $@
 
 $(VENV)/.test-installed: $(PY) setup.cfg pyproject.toml
-	$(PIP) install --quiet -e ".[test,models,browser]"
+	$(PIP) install --quiet -e ".[test,models,browser,plots]"
 	touch $@
 
 # Headless Chromium for the real-browser tests (tests/envs/test_browser.py, docs/browser.md).
@@ -43,6 +43,10 @@ demo: $(VENV)/.demo-installed
 
 test: $(VENV)/.test-installed browser
 	$(PY) -m pytest -n $(WORKERS) tests
+
+# The tabular MiniWoB++ study across harnesses H0-H5 (docs/harnesses.md).
+study: $(VENV)/.test-installed
+	$(PY) scripts/miniwob_study.py --config=configs/miniwob_study.py
 
 bench: $(VENV)/.test-installed
 	$(PIP) install --quiet -e ".[bench]"

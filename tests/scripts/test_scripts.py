@@ -90,3 +90,31 @@ def test_demo_script_writes_its_table(tmp_path):
   text = (out / "demo.md").read_text()
   assert "| value_iteration |" in text and "| policy_iteration |" in text
   assert json.loads((out / "config.json").read_text())["num_mdps"] == 4
+
+
+def test_miniwob_study_writes_report_metrics_and_plot(tmp_path):
+  out = tmp_path / "study"
+  proc = subprocess.run(
+      [sys.executable, "scripts/miniwob_study.py", "--config=configs/miniwob_study.py",
+       "--config.families=('click-option',)", "--config.num_train=3", "--config.num_test=2",
+       "--config.steps=5", "--config.adapt_steps=2", f"--config.output_dir={out}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  text = (out / "report.md").read_text()
+  assert "## click-option" in text
+  assert sum(line.startswith("| H") and "→" in line for line in text.splitlines()) == 9
+  assert sum(line.startswith("| H") and "→" not in line for line in text.splitlines()) == 6
+  metrics = json.loads((out / "metrics.json").read_text())
+  fam = metrics["families"]["click-option"]
+  c, j, m = (np.array(fam["frozen"][k]) for k in ("ceiling", "value", "mismatch"))
+  np.testing.assert_allclose(j, c - m, atol=1e-5)
+  assert fam["optimal_decisions_unchanged"] is True
+  assert (out / "study.png").stat().st_size > 10_000
+
+
+def test_miniwob_study_rejects_unknown_family():
+  script = _load("miniwob_study")
+  cfg = _config("miniwob_study")
+  cfg.families = ("click-everything",)
+  with pytest.raises(ValueError, match="families: expected names from"):
+    script.run(cfg)
