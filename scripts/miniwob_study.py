@@ -61,6 +61,20 @@ def harness_table(s: st.FamilyStudy) -> str:
   return "\n".join(lines)
 
 
+def success_table(s: st.FamilyStudy) -> str:
+  """Per harness: success within the episode cap, and pi*'s plain discounted return."""
+  head = ("| harness | π* return (no KL) | success π* | success π_ref | success H0 model "
+          "| success own model | success own, fields reversed |")
+  lines = [head, "|" + "---|" * 7]
+  sc = s.success
+  for i, h in enumerate(s.harnesses):
+    lines.append(
+        f"| {h} | {_f(s.optimal_return[i])} | {100 * sc['optimal'][i]:.1f} % | "
+        f"{100 * sc['reference'][i]:.1f} % | {100 * sc['frozen'][0, i]:.1f} % | "
+        f"{100 * sc['frozen'][i, i]:.1f} % | {100 * sc['reversed'][i]:.1f} % |")
+  return "\n".join(lines)
+
+
 def swap_table(rows) -> str:
   head = ("| swap | ΔC | M_H(π) | T | frozen ΔJ | M_H'(frozen) | M_H'(adapted) | realized gain "
           "| frozen rejects, T > 0 | adapted wins |")
@@ -106,6 +120,7 @@ def render(cfg, result) -> str:
            "exactly in every cell (checked in the tests).", ""]
   for family, s in result["families"].items():
     parts += [f"## {family}", "", harness_table(s), "",
+              "Success (raw reward 1) within 20 steps, exact:", "", success_table(s), "",
               f"Field reversal keeps every optimal decision: "
               f"**{'yes' if s.optimal_decisions_unchanged else 'NO'}** (all held-out "
               "instances, all harnesses).", "",
@@ -166,6 +181,8 @@ def metrics(result) -> dict:
         "reversed_own": {k: np.asarray(v).tolist()
                          for k, v in s.reversed_frozen._asdict().items()},
         "decision_flips": s.decision_flips.tolist(),
+        "success": {k: np.asarray(v).tolist() for k, v in s.success.items()},
+        "optimal_return": s.optimal_return.tolist(),
         "optimal_decisions_unchanged": s.optimal_decisions_unchanged,
         "swaps": [{k: (float(v) if k != "swap" else v) for k, v in r.items()}
                   for r in st.swap_rows(s)]}

@@ -128,3 +128,30 @@ def test_bad_input():
   with pytest.raises(ValueError, match="swaps: .* names a harness not in"):
     st.run_family("click-option", tasks, tasks, steps=1, adapt_steps=1,
                   harnesses=("H0", "H1"), swaps=(("H0", "H9"),))
+
+
+def test_success_rate_against_a_hand_count():
+  # Option task, H0: the reference policy is uniform over (wait, 2 radios, Submit).
+  task = mw.OptionTask(labels=("x1", "y2"), answer=0)
+  c = mw.compile_harness(task, "H0")
+  batch = st.pad_batch([c])
+  # One step: success needs option 0 selected and Submit; from the start that is
+  # impossible, so within 1 step the rate is 0, within 2 steps (1/4)·(1/4).
+  assert float(st.success_rate(batch.pi_ref, batch, horizon=1)[0]) == 0.0
+  assert float(st.success_rate(batch.pi_ref, batch, horizon=2)[0]) == pytest.approx(1 / 16)
+  # A deterministic optimal policy succeeds with certainty in two steps.
+  pol = np.zeros_like(np.asarray(batch.pi_ref))
+  pol[0, 0, 1] = 1.0                           # click [1] (option 0)
+  pol[0, 1, 3] = 1.0                           # then Submit
+  pol[0, 2:, 0] = 1.0                          # elsewhere wait
+  assert float(st.success_rate(jnp.asarray(pol), batch, horizon=2)[0]) == pytest.approx(1.0)
+  with pytest.raises(ValueError, match="horizon: expected a positive int"):
+    st.success_rate(batch.pi_ref, batch, horizon=0)
+
+
+def test_study_reports_success_and_optimal_return(option_study):
+  s, _, _ = option_study
+  assert np.all(s.success["optimal"] >= s.success["reference"])
+  assert np.all((0 <= s.success["frozen"]) & (s.success["frozen"] <= 1))
+  # pi*'s plain return lies between the ceiling (which pays the KL) and 1.
+  assert np.all(s.optimal_return >= s.ceiling - 1e-9) and np.all(s.optimal_return <= 1.0)

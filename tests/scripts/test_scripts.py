@@ -103,12 +103,13 @@ def test_miniwob_study_writes_report_metrics_and_plot(tmp_path):
   text = (out / "report.md").read_text()
   assert "## click-option" in text
   assert sum(line.startswith("| H") and "→" in line for line in text.splitlines()) == 9
-  assert sum(line.startswith("| H") and "→" not in line for line in text.splitlines()) == 6
+  assert sum(line.startswith("| H") and "→" not in line for line in text.splitlines()) == 12
   metrics = json.loads((out / "metrics.json").read_text())
   fam = metrics["families"]["click-option"]
   c, j, m = (np.array(fam["frozen"][k]) for k in ("ceiling", "value", "mismatch"))
   np.testing.assert_allclose(j, c - m, atol=1e-5)
   assert fam["optimal_decisions_unchanged"] is True
+  assert all(0.0 <= x <= 1.0 for x in fam["success"]["optimal"])
   assert (out / "study.png").stat().st_size > 10_000
 
 

@@ -33,6 +33,7 @@ from harnax.harness import aggregation
 from harnax.harness import interface
 from harnax.envs.miniwob import harnesses as harnesses_lib
 from harnax.envs.miniwob import policy as policy_lib
+from harnax.envs.miniwob.tasks import SUCCESS_REWARD
 
 Array = jax.Array
 
@@ -140,6 +141,31 @@ def evaluate_model(theta: Array, batch: PaddedBatch, tau: float) -> Scores:
   return evaluate(semantic_policy(theta, batch), batch, tau)
 
 
+@functools.partial(jax.jit, static_argnames=("horizon",))
+def _success(policy, mdp, horizon):
+  def one(m, pol):
+    hit = (m.rewards >= SUCCESS_REWARD).astype(pol.dtype)     # [S, A] successful finishes
+
+    def step(dist, _):
+      flow = dist[:, None] * pol                               # [S, A]
+      return jnp.einsum("sa,sat->t", flow, m.transitions), jnp.sum(flow * hit)
+
+    _, per_step = jax.lax.scan(step, m.initial, None, length=horizon)
+    return jnp.sum(per_step)
+  return jax.vmap(one)(mdp, policy)
+
+
+def success_rate(policy: Array, batch: PaddedBatch, horizon: int = 20) -> Array:
+  """Probability of finishing successfully (raw reward 1) within `horizon` steps, `[N]`.
+
+  Seed 000's success rate; `horizon` matches the gymnasium environments'
+  truncation. Exact (propagates the state distribution), nothing sampled.
+  """
+  if not isinstance(horizon, (int, np.integer)) or horizon < 1:
+    raise ValueError(f"horizon: expected a positive int, got {horizon!r}")
+  return _success(policy, batch.mdp, int(horizon))
+
+
 @functools.partial(jax.jit, static_argnames=("steps",))
 def _train(theta, batch, tau, steps, learning_rate):
   opt = optax.adam(learning_rate)
@@ -207,6 +233,10 @@ class FamilyStudy:
       output of the model trained on harness i changes when its fields are
       reversed.
     reversed_frozen: `Scores` of model i on harness i with reversed fields.
+    success: success rates within `horizon` steps (`success_rate`):
+      `"optimal"` `[n]` (the soft optimum pi*), `"reference"` `[n]`,
+      `"frozen"` `[n, n]` (model i on harness j), `"reversed"` `[n]`.
+    optimal_return: `[n]`, pi*'s expected discounted raw reward (no KL term).
     num_train, num_test: instance counts.
   """
 
@@ -220,6 +250,8 @@ class FamilyStudy:
   optimal_decisions_unchanged: bool
   decision_flips: np.ndarray
   reversed_frozen: Scores
+  success: dict
+  optimal_return: np.ndarray
   num_train: int
   num_test: int
 
@@ -273,6 +305,24 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
   reversed_frozen = Scores(*(np.array([getattr(r, f) for r in reversed_frozen])
                              for f in Scores._fields))
 
+  # Success within the episode cap, and pi*'s plain (KL-free) return.
+  rate = lambda pol, b: float(np.mean(np.asarray(success_rate(pol, b))))  # noqa: E731
+  success = {
+      "frozen": np.array([[rate(semantic_policy(thetas[hi], test_b[hj]), test_b[hj])
+                           for hj in names] for hi in names]),
+      "reference": np.array([rate(test_b[h].pi_ref, test_b[h]) for h in names]),
+      "reversed": np.array([rate(semantic_policy(thetas[h], test_rb[h]), test_rb[h])
+                            for h in names])}
+  optimal, optimal_return = [], []
+  for h in names:
+    b = test_b[h]
+    pol = jax.vmap(lambda m, r: solvers.solve_soft_bellman(m, r, tau).policy)(b.mdp, b.pi_ref)
+    optimal.append(rate(pol, b))
+    # With pi_ref = pi the KL term vanishes: this is the plain discounted return.
+    optimal_return.append(float(np.mean(np.asarray(jax.vmap(
+        lambda m, p: evaluation.evaluate_policy(m, p, p, tau).value)(b.mdp, pol)))))
+  success["optimal"] = np.array(optimal)
+
   # Field reversal: the optimum's decisions stay, the model's top output moves.
   unchanged, flips = True, []
   for h in names:
@@ -293,7 +343,8 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
       family=family, harnesses=names, ceiling=reference.ceiling, reference=reference,
       frozen=frozen, adapted=adapted, train_curves={h: np.asarray(c) for h, c in curves.items()},
       optimal_decisions_unchanged=unchanged, decision_flips=np.array(flips),
-      reversed_frozen=reversed_frozen, num_train=len(train_tasks), num_test=len(test_tasks))
+      reversed_frozen=reversed_frozen, success=success, optimal_return=np.array(optimal_return),
+      num_train=len(train_tasks), num_test=len(test_tasks))
 
 
 def swap_rows(study: FamilyStudy, swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS
