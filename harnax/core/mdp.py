@@ -224,6 +224,14 @@ def check_mdp(mdp: Any, name: str = "mdp") -> None:
     raise ValueError(f"{name}: expected a TabularMDP or SparseTabularMDP, got {type(mdp).__name__}")
 
 
+def check_single_mdp(mdp: Any, name: str = "mdp") -> None:
+  """`check_mdp`, and that `mdp` is one MDP rather than a stacked batch."""
+  check_mdp(mdp, name)
+  if mdp.rewards.ndim != 2:
+    raise ValueError(f"{name}: expected one MDP (rewards [S, A]); got batch shape "
+                     f"{tuple(mdp.rewards.shape[:-2])} — map over the batch with jax.vmap")
+
+
 # ---------------------------------------------------------------------------
 # Transition products. All take one (unbatched) MDP; batch with jax.vmap.
 # ---------------------------------------------------------------------------

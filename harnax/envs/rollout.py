@@ -63,13 +63,6 @@ class Rollout(NamedTuple):
 # Validation at the entry points.
 # ---------------------------------------------------------------------------
 
-def _check_single_mdp(mdp) -> None:
-  mdp_lib.check_mdp(mdp)
-  if mdp.rewards.ndim != 2:
-    raise ValueError(f"mdp: expected one MDP (rewards [S, A]); got batch shape "
-                     f"{tuple(mdp.rewards.shape[:-2])} — map over the batch with jax.vmap")
-
-
 def _check_index(name: str, x: Any, size: int, what: str) -> Array:
   """An integer array of indices in `[0, size)` (values checked when concrete)."""
   arr = jnp.asarray(x)
@@ -176,7 +169,7 @@ def _rollout(mdp, policy, key, num_envs, num_steps):
 
 def absorbing_states(mdp: mdp_lib.AnyMDP) -> Array:
   """bool `[S]`: states whose every action self-loops with reward 0 (terminal states)."""
-  _check_single_mdp(mdp)
+  mdp_lib.check_single_mdp(mdp)
   return _absorbing_all(mdp)
 
 
@@ -191,7 +184,7 @@ def reset(mdp: mdp_lib.AnyMDP, key, *, num_envs: int | None = None) -> Array:
   Returns:
     int32 scalar, or `[num_envs]`.
   """
-  _check_single_mdp(mdp)
+  mdp_lib.check_single_mdp(mdp)
   shape = () if num_envs is None else (_check_count("num_envs", num_envs),)
   return _reset(mdp, key, shape)
 
@@ -214,7 +207,7 @@ def step(mdp: mdp_lib.AnyMDP, state, action, key) -> tuple[Array, Array, Array]:
     ValueError: a batched MDP, non-integer or mismatched state / action, or
       (when concrete) an index out of range.
   """
-  _check_single_mdp(mdp)
+  mdp_lib.check_single_mdp(mdp)
   state = _check_index("state", state, mdp.num_states, "state")
   action = _check_index("action", action, mdp.num_actions, "action")
   if state.shape != action.shape:
@@ -241,7 +234,7 @@ def rollout(mdp: mdp_lib.AnyMDP, policy, key, num_envs: int, num_steps: int) -> 
   Returns:
     `Rollout` with `[num_envs, num_steps]` fields.
   """
-  _check_single_mdp(mdp)
+  mdp_lib.check_single_mdp(mdp)
   val.check_shape("policy", policy, (mdp.num_states, mdp.num_actions),
                   "[num_states, num_actions]")
   val.check_distribution("policy", policy)

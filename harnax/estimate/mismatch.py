@@ -42,6 +42,7 @@ import numpy as np
 
 from harnax.core import bellman
 from harnax.core import evaluation
+from harnax.core import mdp as mdp_lib
 from harnax.core import validation as val
 from harnax.estimate import sampling
 
@@ -260,7 +261,7 @@ def _state_kl_estimates(key, policy, pi_star, states, num_action_samples, estima
 
 
 def _check_estimator_inputs(mdp, policy, pi_star, tau, estimator, num_action_samples):
-  sampling._check_single_mdp(mdp)
+  mdp_lib.check_single_mdp(mdp)
   policy = sampling._check_policy(mdp, policy)
   pi_star = sampling._check_policy(mdp, pi_star, "pi_star")
   val.check_temperature(tau)

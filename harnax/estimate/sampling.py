@@ -65,13 +65,6 @@ class Trajectories(NamedTuple):
   rewards: Array
 
 
-def _check_single_mdp(mdp) -> None:
-  mdp_lib.check_mdp(mdp)
-  if mdp.rewards.ndim != 2:
-    raise ValueError(f"mdp: expected one MDP (rewards [S, A]); got batch shape "
-                     f"{tuple(mdp.rewards.shape[:-2])} — map over the batch with jax.vmap")
-
-
 def _check_policy(mdp, policy, name="policy") -> Array:
   val.check_shape(name, policy, (mdp.num_states, mdp.num_actions), "[num_states, num_actions]")
   val.check_distribution(name, policy)
@@ -143,7 +136,7 @@ def sample_occupancy(key, mdp: mdp_lib.AnyMDP, policy, *, num_samples: int,
   Returns:
     `OccupancySamples` with `states [num_samples]`.
   """
-  _check_single_mdp(mdp)
+  mdp_lib.check_single_mdp(mdp)
   policy = _check_policy(mdp, policy)
   num_samples = _check_count("num_samples", num_samples)
   max_steps = _check_count("max_steps", max_steps, 0)
@@ -190,7 +183,7 @@ def sample_trajectories(key, mdp: mdp_lib.AnyMDP, policy, *, num_rollouts: int,
   Returns:
     `Trajectories` with `[num_rollouts, horizon]` fields.
   """
-  _check_single_mdp(mdp)
+  mdp_lib.check_single_mdp(mdp)
   policy = _check_policy(mdp, policy)
   num_rollouts = _check_count("num_rollouts", num_rollouts)
   horizon = _check_count("horizon", horizon)
