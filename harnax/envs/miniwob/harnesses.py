@@ -163,6 +163,9 @@ class CompiledHarness:
       actions.append(Action("verify"))
     self.actions = tuple(actions)
     a = len(actions)
+    # Every single click once (pages x visible elements); batches compose from this.
+    self._click_table = {(page, e): task.click(page, e) for page in range(p_pages)
+                         for e in task.visible(page)}
 
     p = np.zeros((s, a, s))
     r = np.zeros((s, a))
@@ -205,15 +208,15 @@ class CompiledHarness:
 
   def _execute(self, page: int, verified: bool, act: Action):
     """`((next page or None, verified), reward)`, or None if unavailable."""
-    task = self.task
     if act.name == "wait":
       return (page, False), 0.0
     if act.name == "verify":
       return (page, True), 0.0
     for e in act.clicks:  # a batch must be executable click by click
-      if page is None or e not in task.visible(page):
+      outcome = self._click_table.get((page, e))  # None: e not visible on this page
+      if outcome is None:
         return None
-      next_page, reward = task.click(page, e)
+      next_page, reward = outcome
       if next_page is None and self.spec.check and reward < tasks_lib.SUCCESS_REWARD:
         return (page, False), 0.0  # the check blocks a failing finish; the batch stops
       page = next_page
