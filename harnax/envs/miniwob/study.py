@@ -288,57 +288,55 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
   for h in names:
     thetas[h], curves[h] = train(train_b[h], tau=tau, steps=steps, learning_rate=learning_rate)
   n = len(names)
-  frozen = [[None] * n for _ in range(n)]
-  for i, hi in enumerate(names):
-    for j, hj in enumerate(names):
-      frozen[i][j] = _mean(evaluate_model(thetas[hi], test_b[hj], tau))
-  frozen = Scores(*(np.array([[getattr(frozen[i][j], f) for j in range(n)] for i in range(n)])
+
+  def stack(cells):
+    return Scores(*(np.array([[getattr(c, f) for c in row] for row in cells])
                     for f in Scores._fields))
-  reference = [_mean(evaluate(test_b[h].pi_ref, test_b[h], tau)) for h in names]
-  reference = Scores(*(np.array([getattr(r, f) for r in reference]) for f in Scores._fields))
+
+  def rate(pol, b):
+    return float(np.mean(np.asarray(success_rate(pol, b))))
+
+  # Each semantic policy is built once and both evaluated and rolled forward.
+  frozen_pol = [[semantic_policy(thetas[hi], test_b[hj]) for hj in names] for hi in names]
+  frozen = stack([[_mean(evaluate(frozen_pol[i][j], test_b[hj], tau))
+                   for j, hj in enumerate(names)] for i in range(n)])
+  reference = stack([[_mean(evaluate(test_b[h].pi_ref, test_b[h], tau)) for h in names]])
+  reference = Scores(*(x[0] for x in reference))
   adapted = {}
   for a, b in swaps:
     th, _ = train(train_b[b], tau=tau, steps=adapt_steps, learning_rate=learning_rate,
                   theta=thetas[a])
     adapted[(names.index(a), names.index(b))] = _mean(evaluate_model(th, test_b[b], tau))
-  reversed_frozen = [_mean(evaluate_model(thetas[h], test_rb[h], tau)) for h in names]
-  reversed_frozen = Scores(*(np.array([getattr(r, f) for r in reversed_frozen])
-                             for f in Scores._fields))
+  reversed_pol = [semantic_policy(thetas[h], test_rb[h]) for h in names]
+  reversed_frozen = stack([[_mean(evaluate(pol, test_rb[h], tau))
+                            for pol, h in zip(reversed_pol, names)]])
+  reversed_frozen = Scores(*(x[0] for x in reversed_frozen))
 
   # Success within the episode cap, and pi*'s plain (KL-free) return.
-  rate = lambda pol, b: float(np.mean(np.asarray(success_rate(pol, b))))  # noqa: E731
   success = {
-      "frozen": np.array([[rate(semantic_policy(thetas[hi], test_b[hj]), test_b[hj])
-                           for hj in names] for hi in names]),
+      "frozen": np.array([[rate(frozen_pol[i][j], test_b[hj]) for j, hj in enumerate(names)]
+                          for i in range(n)]),
       "reference": np.array([rate(test_b[h].pi_ref, test_b[h]) for h in names]),
-      "reversed": np.array([rate(semantic_policy(thetas[h], test_rb[h]), test_rb[h])
-                            for h in names])}
+      "reversed": np.array([rate(pol, test_rb[h]) for pol, h in zip(reversed_pol, names)])}
+  solve = jax.vmap(lambda m, r: solvers.solve_soft_bellman(m, r, tau).policy)
   optimal, optimal_return = [], []
+  unchanged, flips = True, []
   for h in names:
-    b = test_b[h]
-    pol = jax.vmap(lambda m, r: solvers.solve_soft_bellman(m, r, tau).policy)(b.mdp, b.pi_ref)
+    b, br = test_b[h], test_rb[h]
+    pol = solve(b.mdp, b.pi_ref)
     optimal.append(rate(pol, b))
     # With pi_ref = pi the KL term vanishes: this is the plain discounted return.
     optimal_return.append(float(np.mean(np.asarray(jax.vmap(
         lambda m, p: evaluation.evaluate_policy(m, p, p, tau).value)(b.mdp, pol)))))
+    # Field reversal: the optimum's decisions stay, the model's top output moves.
+    unchanged &= bool(np.array_equal(np.argmax(np.asarray(pol), -1),
+                                     np.argmax(np.asarray(solve(br.mdp, br.pi_ref)), -1)))
+    top, top_r = (np.argmax(np.asarray(policy_lib.output_log_probs(
+        thetas[h], x.features, x.output_mask)), -1) for x in (b, br))
+    live = np.array([[st < c.done_state for st in range(shape[0])] for c in test_c[h]])
+    flips.append(float(np.sum((top != top_r) & live) / np.sum(live)))
   success["optimal"] = np.array(optimal)
 
-  # Field reversal: the optimum's decisions stay, the model's top output moves.
-  unchanged, flips = True, []
-  for h in names:
-    moved = total = 0
-    for c, cr in zip(test_c[h], test_r[h]):
-      hh, hr = c.harness, cr.harness
-      sol = solvers.solve_soft_bellman(hh.mdp, hh.pi_ref, tau)
-      sol_r = solvers.solve_soft_bellman(hr.mdp, hr.pi_ref, tau)
-      unchanged &= bool(np.array_equal(np.argmax(sol.policy, -1), np.argmax(sol_r.policy, -1)))
-      f, fr = policy_lib.harness_features(c), policy_lib.harness_features(cr)
-      top = np.argmax(np.asarray(policy_lib.output_log_probs(thetas[h], f)), -1)
-      top_r = np.argmax(np.asarray(policy_lib.output_log_probs(thetas[h], fr)), -1)
-      live = np.arange(hh.num_states) != c.done_state
-      moved += int(np.sum(top[live] != top_r[live]))
-      total += int(np.sum(live))
-    flips.append(moved / total)
   return FamilyStudy(
       family=family, harnesses=names, ceiling=reference.ceiling, reference=reference,
       frozen=frozen, adapted=adapted, train_curves={h: np.asarray(c) for h, c in curves.items()},
