@@ -23,8 +23,7 @@ from harnax import estimate as he
 from harnax.envs import miniwob as mw
 from harnax.envs.miniwob import study as st
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/miniwob_study.py",
-                                          "experiment config")
+_CONFIG = None  # the --config flag, defined only when run as a script (importable in tests)
 
 
 def run(cfg) -> dict:
@@ -210,4 +209,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", "configs/miniwob_study.py",
+                                            "experiment config")
   app.run(main)
