@@ -108,6 +108,9 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
 
     def run_decode():
       logits, cache = gen.prefill(graphdef, state, dids, dmask, model.init_cache(b, prompt + new))
+      # Dispatch is asynchronous: without this wait the decode timer would also run the
+      # rest of the prefill.
+      jax.block_until_ready((logits, cache))
       t0 = time.perf_counter()
       res, _ = gen.decode(graphdef, state, cache, logits, jax.random.key(0), max_new_tokens=new)
       res.tokens.block_until_ready()
