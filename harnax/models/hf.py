@@ -178,8 +178,8 @@ def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
 
   def place(path_s: str, array: np.ndarray):
     p = by_str[path_s]
-    sharding = shardings.get(p)
-    loaded[p] = jax.device_put(array, sharding) if sharding is not None else jnp.asarray(array)
+    # device_put (unlike jnp.asarray) adopts an aligned host buffer on CPU without a copy.
+    loaded[p] = jax.device_put(array, shardings.get(p))
 
   np_dtype = np.dtype(jnp.dtype(dtype))
   for file in files:
@@ -188,14 +188,18 @@ def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
     names = [n for n, text_name in file_names.items() if text_name in expected]
     for name, tensor in safetensors_io.iter_tensors(os.path.join(path, file), names):
       target = expected[file_names[name]]
-      array = mapping.from_hf(tensor, target.transform).astype(np_dtype)
+      array = mapping.from_hf(tensor, target.transform)
       if target.expert is None:
+        if array.dtype != np_dtype or not array.flags.c_contiguous:
+          converted = safetensors_io.aligned_empty(array.shape, np_dtype)
+          converted[...] = array
+          array = converted
         place(target.path, array)
         continue
       shape = m.param_shapes[target.path]
       buf, count = partial.get(target.path, (None, 0))
       if buf is None:
-        buf = np.empty(shape, np_dtype)
+        buf = safetensors_io.aligned_empty(shape, np_dtype)
       buf[target.expert] = array
       partial[target.path] = (buf, count + 1)
       if count + 1 == shape[0]:

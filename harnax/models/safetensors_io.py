@@ -40,8 +40,24 @@ def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
   return {k: tuple(v["shape"]) for k, v in header.items()}
 
 
+# XLA:CPU adopts a host buffer without copying it when the buffer is aligned to this many
+# bytes (``jax.device_put`` of such an array aliases it), so tensors are read into aligned
+# buffers: loading then holds one copy of each weight, not a read buffer plus a device copy.
+ALIGNMENT = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+  """An uninitialised C-contiguous array whose data starts on an ``ALIGNMENT``-byte boundary."""
+  dtype = np.dtype(dtype)
+  nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+  raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+  offset = (-raw.ctypes.data) % ALIGNMENT
+  return raw[offset:offset + nbytes].view(dtype).reshape(shape)
+
+
 def iter_tensors(path: str, names: Iterable[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
-  """Yields ``(name, array)``, each array freshly read from the file (owned by the caller)."""
+  """Yields ``(name, array)``, each array freshly read from the file into an aligned buffer
+  (see :func:`aligned_empty`) owned by the caller."""
   header, start = read_header(path)
   with open(path, "rb") as f:
     for name in (header if names is None else names):
@@ -50,9 +66,15 @@ def iter_tensors(path: str, names: Iterable[str] | None = None) -> Iterator[tupl
         raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
       dtype = _DTYPES[info["dtype"]]
       begin, end = info["data_offsets"]
+      shape = tuple(info["shape"])
+      array = aligned_empty(shape, dtype)
+      if array.nbytes != end - begin:
+        raise ValueError(f"{path}: tensor {name!r} has {end - begin} bytes, expected "
+                         f"{array.nbytes} for shape {list(shape)} {info['dtype']}")
       f.seek(start + begin)
-      array = np.fromfile(f, dtype=dtype, count=(end - begin) // dtype.itemsize)
-      yield name, array.reshape(info["shape"])
+      if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != array.nbytes:
+        raise ValueError(f"{path}: tensor {name!r} is truncated (file shorter than its header says)")
+      yield name, array
 
 
 def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:

@@ -91,6 +91,20 @@ def test_safetensors_bfloat16_round_trip(tmp_path):
   np.testing.assert_array_equal(load_file(file)["b"], b)  # readable by the reference library
 
 
+def test_safetensors_reads_into_aligned_buffers_and_rejects_truncation(tmp_path):
+  file = str(tmp_path / "x.safetensors")
+  tensors = {"a": np.arange(5, dtype=np.float32), "b": np.ones((3, 7), np.float32)}
+  safetensors_io.write(file, tensors)
+  for name, got in safetensors_io.iter_tensors(file):
+    assert got.ctypes.data % safetensors_io.ALIGNMENT == 0  # lets device_put adopt it
+    assert got.flags.c_contiguous and got.flags.writeable
+    np.testing.assert_array_equal(got, tensors[name])
+  with open(file, "r+b") as f:
+    f.truncate(os.path.getsize(file) - 4)
+  with pytest.raises(ValueError, match="'b' is truncated"):
+    dict(safetensors_io.iter_tensors(file))
+
+
 def test_tied_checkpoint_with_redundant_lm_head_loads(pair_factory, tmp_path):
   pair = pair_factory("qwen3_tied")
   extra = str(tmp_path / "extra")
