@@ -464,23 +464,22 @@ def experts_dense(x: Array, weights: Array, experts: Array, gate: Array, up: Arr
 
 def experts_gather(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
                    down: Array, act) -> Array:
-  """Same result as :func:`experts_ragged`, one (token, expert) assignment at a time.
+  """Same result as :func:`experts_ragged`, gathering the routed experts' weights.
 
-  A loop over the N*k assignments reads only the routed experts' weights, so it is the
-  memory-bound choice for decoding a single token; its cost grows with N*k, so it is a poor
-  choice for anything longer.
+  The N*k routed experts' weights are gathered once per projection (``[N*k, out, in]``) and
+  every assignment runs as one batched matrix-vector product. It reads only the routed
+  experts, so it is the memory-bound choice for decoding a few tokens. On CPU a gather (or
+  dynamic slice) of weights is a copy, so its cost grows with N*k: past about E assignments,
+  :func:`experts_dense` reads less.
   """
   n, k = experts.shape
   flat = experts.reshape(-1)
-  flat_weights = weights.reshape(-1)
-
-  def assignment(j, out):
-    e, token = flat[j], j // k
-    xj = x[token]
-    y = _expert_mlp(xj[None], gate[e], up[e], down[e], act)[0]
-    return out.at[token].add(flat_weights[j].astype(y.dtype) * y)
-
-  return jax.lax.fori_loop(0, n * k, assignment, jnp.zeros_like(x))
+  xs = jnp.repeat(x, k, axis=0)  # [N*k, hidden]: assignment j belongs to token j // k
+  h = (act(jnp.einsum("aih,ah->ai", jnp.take(gate, flat, axis=0), xs))
+       * jnp.einsum("aih,ah->ai", jnp.take(up, flat, axis=0), xs))
+  y = jnp.einsum("ahi,ai->ah", jnp.take(down, flat, axis=0), h)
+  y = y * weights.reshape(-1, 1).astype(y.dtype)
+  return jnp.sum(y.reshape(n, k, -1), axis=1)
 
 
 MOE_IMPLS = {"ragged": experts_ragged, "sorted": experts_sorted, "dense": experts_dense,
@@ -491,15 +490,15 @@ def choose_moe_impl(impl: str, num_tokens: int, k: int, num_experts: int) -> str
   """Resolves ``"auto"``: grouped matmuls (``ragged``) on accelerators. On CPU, where
   ``ragged_dot`` lowers poorly, by the number of (token, expert) assignments N*k (crossovers
   measured on a 16-expert, top-4 model like the one in ``benchmarks/lm_throughput.py``):
-  ``gather`` up to E/2 (one or two decoded tokens read only their experts), ``dense`` up to 8E
-  (a batch of decoded tokens touches most experts anyway, and batched matmuls beat the
+  ``gather`` below E (a few decoded tokens read only their experts' weights), ``dense`` up to
+  8E (a batch of decoded tokens touches most experts anyway, and batched matmuls beat the
   sorted loop's per-chunk overhead), ``sorted`` beyond (prefill)."""
   if impl != "auto":
     return impl
   if jax.default_backend() != "cpu":
     return "ragged"
   assignments = num_tokens * k
-  if 2 * assignments <= num_experts:
+  if assignments < num_experts:
     return "gather"
   return "dense" if assignments <= 8 * num_experts else "sorted"
 
