@@ -51,6 +51,7 @@ study: $(VENV)/.test-installed
 bench: $(VENV)/.test-installed
 	$(PIP) install --quiet -e ".[bench]"
 	$(PY) benchmarks/solver_throughput.py
+	$(PY) benchmarks/lm_throughput.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
