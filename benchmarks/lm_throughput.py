@@ -9,9 +9,15 @@ and only the last position is projected onto the vocabulary (``decoding.prefill`
 memory-bandwidth bound ``bandwidth / parameter bytes`` (every decoded token reads every weight
 once), with the bandwidth measured by a numpy copy.
 
+``--preset 0.6b-2b`` runs published shapes instead (Qwen3 0.6B and 1.7B, Gemma 3 1B) with
+random weights; with a CUDA build of jax and of torch it runs both frameworks on the GPU
+(``--torch-device``, ``--dtype bfloat16``), reports device peak memory instead of RSS and
+measures the bandwidth bound on the device.
+
 Usage::
 
   python benchmarks/lm_throughput.py [--out benchmarks/results/lm_throughput.md] [--quick]
+  python benchmarks/lm_throughput.py --preset 0.6b-2b --dtype bfloat16   # on a GPU machine
 """
 
 from __future__ import annotations
@@ -48,6 +54,21 @@ CONFIGS = {
 }
 
 
+_QWEN3_FULL = dict(head_dim=128, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                  vocab_size=151936, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, tie_word_embeddings=True)
+# Published shapes (the config.json of each released model), random weights.
+LARGE = {
+    "qwen3-0.6b": ("Qwen3Config", dict(_QWEN3_FULL, hidden_size=1024, intermediate_size=3072)),
+    "qwen3-1.7b": ("Qwen3Config", dict(_QWEN3_FULL, hidden_size=2048, intermediate_size=6144)),
+    "gemma3-1b": ("Gemma3TextConfig", dict(
+        vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+        query_pre_attn_scalar=256)),
+}
+PRESETS = {"100m": CONFIGS, "0.6b-2b": LARGE}
+
+
 def _peak_rss_mb() -> float:
   """Peak resident memory of this process. ``VmHWM`` resets at exec, unlike ``ru_maxrss``,
   which a child inherits from its parent's high-water mark."""
@@ -70,20 +91,21 @@ def _rss_mb() -> float:
   return float("nan")
 
 
-def _timeit(fn, repeats: int) -> float:
-  """Best-of-``repeats`` wall time of ``fn()`` (seconds); ``fn`` must block until done."""
+def _timeit(fn, repeats: int, sync=lambda: None) -> float:
+  """Best-of-``repeats`` wall time of ``fn(); sync()`` (seconds)."""
   best = float("inf")
   for _ in range(repeats):
     t0 = time.perf_counter()
     fn()
+    sync()
     best = min(best, time.perf_counter() - t0)
   return best
 
 
-def build_checkpoint(family: str, path: str) -> int:
+def build_checkpoint(family: str, path: str, preset: str = "100m") -> int:
   import torch
   import transformers
-  cls_name, kwargs = CONFIGS[family]
+  cls_name, kwargs = PRESETS[preset][family]
   config = getattr(transformers, cls_name)(**kwargs)
   torch.manual_seed(0)
   model = transformers.AutoModelForCausalLM.from_config(config)
@@ -91,7 +113,19 @@ def build_checkpoint(family: str, path: str) -> int:
   return sum(p.numel() for p in model.parameters())
 
 
-def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches, repeats):
+def _device_bandwidth_gbs(nbytes: int = 1024**3, repeats: int = 5) -> float:
+  """Read + write bandwidth of an elementwise pass over a large array on jax's default device."""
+  import jax
+  import jax.numpy as jnp
+  x = jnp.ones(nbytes // 4, jnp.float32)
+  step = jax.jit(lambda x: x + 1.0)
+  step(x).block_until_ready()
+  return 2 * nbytes / _timeit(lambda: step(x).block_until_ready(), repeats) / 1e9
+
+
+def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches, repeats,
+                   dtype: str = "float32", torch_device: str = "cpu"):
+  del torch_device
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -99,12 +133,16 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
   from harnax.models import decoding as gen
 
   jnp.zeros(1).block_until_ready()  # start the runtime
-  out = {"runtime_rss_mb": _rss_mb()}
-  model = models.load_pretrained(path)
+  device = jax.devices()[0]
+  on_cpu = device.platform == "cpu"
+  out = {"device": f"jax {device.platform} ({device.device_kind})",
+         "runtime_rss_mb": _rss_mb()}
+  model = models.load_pretrained(path, dtype=jnp.dtype(dtype))
   out["loaded_rss_mb"] = _rss_mb()
   graphdef, state = nnx.split(model)
   rng = np.random.RandomState(0)
-  ids = jnp.asarray(rng.randint(0, VOCAB, (batch, prompt)), jnp.int32)
+  vocab = model.config.vocab_size
+  ids = jnp.asarray(rng.randint(0, vocab, (batch, prompt)), jnp.int32)
   mask = jnp.ones_like(ids)
 
   def run_prefill():
@@ -114,7 +152,7 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
   run_prefill()  # compile
   out["prefill_tok_s"] = batch * prompt / _timeit(run_prefill, repeats)
   for b in decode_batches:
-    dids = jnp.asarray(rng.randint(0, VOCAB, (b, prompt)), jnp.int32)
+    dids = jnp.asarray(rng.randint(0, vocab, (b, prompt)), jnp.int32)
     dmask = jnp.ones_like(dids)
 
     def run_decode():
@@ -130,42 +168,57 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
     run_decode()  # compile
     seconds = min(run_decode() for _ in range(repeats))
     out[f"decode_b{b}_tok_s"] = b * new / seconds
-  out["peak_rss_mb"] = _peak_rss_mb()
+  if on_cpu:
+    out["peak_mb"] = _peak_rss_mb()
+  else:
+    out["peak_mb"] = device.memory_stats()["peak_bytes_in_use"] / 1024**2
+    out["bandwidth_gbs"] = _device_bandwidth_gbs()
   out["param_bytes"] = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   cfg = model.config
   # Batch-1 decode of an MoE reads only the k routed experts per layer.
   inactive = (cfg.mlp_kinds.count("moe") * (cfg.num_experts - cfg.num_experts_per_tok) * 3 *
-              cfg.hidden_size * cfg.moe_intermediate_size * 4)
+              cfg.hidden_size * cfg.moe_intermediate_size * jnp.dtype(dtype).itemsize)
   out["active_param_bytes"] = out["param_bytes"] - inactive
   return out
 
 
-def measure_torch(path: str, batch: int, prompt: int, new: int, decode_batches, repeats):
+def measure_torch(path: str, batch: int, prompt: int, new: int, decode_batches, repeats,
+                  dtype: str = "float32", torch_device: str = "cpu"):
   import torch
   import transformers
   torch.set_num_threads(os.cpu_count())
-  out = {"runtime_rss_mb": _rss_mb()}
-  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  device = torch.device(torch_device)
+  on_cpu = device.type == "cpu"
+  sync = (lambda: None) if on_cpu else (lambda: torch.cuda.synchronize(device))
+  out = {"device": f"torch {device.type}"
+                   + ("" if on_cpu else f" ({torch.cuda.get_device_name(device)})"),
+         "runtime_rss_mb": _rss_mb()}
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=getattr(torch, dtype)).to(device).eval()
   out["loaded_rss_mb"] = _rss_mb()
   rng = np.random.RandomState(0)
-  ids = torch.tensor(rng.randint(0, VOCAB, (batch, prompt)))
+  vocab = model.config.vocab_size
+  ids = torch.tensor(rng.randint(0, vocab, (batch, prompt)), device=device)
   with torch.no_grad():
     # The same work as harnax's prefill: fill the KV cache, project only the last position.
     run_prefill = lambda: model(ids, use_cache=True, logits_to_keep=1)
     run_prefill()
-    out["prefill_tok_s"] = batch * prompt / _timeit(run_prefill, repeats)
+    sync()
+    out["prefill_tok_s"] = batch * prompt / _timeit(run_prefill, repeats, sync)
     for b in decode_batches:
-      dids = torch.tensor(rng.randint(0, VOCAB, (b, prompt)))
+      dids = torch.tensor(rng.randint(0, vocab, (b, prompt)), device=device)
       kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
       def gen_n(n):
         return lambda: model.generate(dids, max_new_tokens=n, min_new_tokens=n, **kw)
 
       gen_n(2)()  # warm-up
+      sync()
       # decode time = generate(new + 1) - generate(1): both include one prefill.
-      seconds = _timeit(gen_n(new + 1), repeats) - _timeit(gen_n(1), repeats)
+      seconds = _timeit(gen_n(new + 1), repeats, sync) - _timeit(gen_n(1), repeats, sync)
       out[f"decode_b{b}_tok_s"] = b * new / seconds
-  out["peak_rss_mb"] = _peak_rss_mb()
+  out["peak_mb"] = (_peak_rss_mb() if on_cpu
+                    else torch.cuda.max_memory_allocated(device) / 1024**2)
   return out
 
 
@@ -179,14 +232,16 @@ def memory_bandwidth_gbs(nbytes: int = 512 * 1024**2, repeats: int = 5) -> float
 
 def _child(args):
   fn = measure_harnax if args.child == "harnax" else measure_torch
-  res = fn(args.path, args.batch, args.prompt, args.new, args.decode_batches, args.repeats)
+  res = fn(args.path, args.batch, args.prompt, args.new, args.decode_batches, args.repeats,
+           dtype=args.dtype, torch_device=args.torch_device)
   print("RESULT " + json.dumps(res))
 
 
 def _run_child(framework, path, args) -> dict:
   cmd = [sys.executable, os.path.abspath(__file__), "--child", framework, "--path", path,
          "--batch", str(args.batch), "--prompt", str(args.prompt), "--new", str(args.new),
-         "--repeats", str(args.repeats), "--decode-batches",
+         "--repeats", str(args.repeats), "--dtype", args.dtype,
+         "--torch-device", args.torch_device, "--decode-batches",
          *[str(b) for b in args.decode_batches]]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -198,8 +253,15 @@ def _run_child(framework, path, args) -> dict:
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "lm_throughput.md"))
-  p.add_argument("--families", nargs="+", default=list(CONFIGS))
+  p.add_argument("--preset", choices=list(PRESETS), default="100m",
+                 help="100m: ~100M-parameter models of each family (the CPU comparison); "
+                      "0.6b-2b: published Qwen3 0.6B/1.7B and Gemma 3 1B shapes (for a GPU)")
+  p.add_argument("--out", help="results file (default benchmarks/results/lm_throughput.md, "
+                               "or lm_throughput_<preset>.md for other presets)")
+  p.add_argument("--families", nargs="+", help="models of the preset to run (default: all)")
+  p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+  p.add_argument("--torch-device", default="auto",
+                 help="cpu, cuda or cuda:N (default: cuda when torch sees one, else cpu)")
   p.add_argument("--batch", type=int, default=4)
   p.add_argument("--prompt", type=int, default=128)
   p.add_argument("--new", type=int, default=32)
@@ -211,6 +273,17 @@ def main():
   args = p.parse_args()
   if args.child:
     return _child(args)
+  configs = PRESETS[args.preset]
+  families = args.families or list(configs)
+  unknown = [f for f in families if f not in configs]
+  if unknown:
+    p.error(f"--families: {unknown} not in preset {args.preset!r} (has {sorted(configs)})")
+  if args.torch_device == "auto":
+    import torch
+    args.torch_device = "cuda" if torch.cuda.is_available() else "cpu"
+  out_path = args.out or os.path.join(
+      ROOT, "benchmarks", "results",
+      "lm_throughput.md" if args.preset == "100m" else f"lm_throughput_{args.preset}.md")
   if args.quick:
     args.batch, args.prompt, args.new, args.repeats = 1, 16, 4, 1
     args.decode_batches = [1]
@@ -218,12 +291,12 @@ def main():
   # Sampled before and after every measurement: the run itself keeps up to os.cpu_count()
   # threads busy, so a higher value means other processes shared the CPUs.
   loads = [os.getloadavg()[0]]
-  bandwidth = memory_bandwidth_gbs()
+  host_bandwidth = memory_bandwidth_gbs()
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
-    for family in args.families:
+    for family in families:
       path = os.path.join(tmp, family)
-      n_params = build_checkpoint(family, path)
+      n_params = build_checkpoint(family, path, args.preset)
       ours = _run_child("harnax", path, args)
       loads.append(os.getloadavg()[0])
       ref = _run_child("torch", path, args)
@@ -231,17 +304,26 @@ def main():
       rows.append((family, n_params, ours, ref))
       print(family, n_params, ours, ref, flush=True)
 
+  devices = sorted({r[2]["device"] for r in rows} | {r[3]["device"] for r in rows})
+  on_cpu = all(r[2]["device"].startswith("jax cpu") and r[3]["device"] == "torch cpu"
+               for r in rows)
+  bandwidth = rows[0][2].get("bandwidth_gbs", host_bandwidth) if rows else host_bandwidth
+  memory = "peak RSS" if on_cpu else "peak memory"
   lines = [
-      "# LM throughput: harnax (JAX jit) vs transformers (torch CPU)",
+      f"# LM throughput: harnax (JAX jit) vs transformers (torch), preset {args.preset}",
       "",
       f"Generated by `benchmarks/lm_throughput.py` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
       f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}; "
-      f"float32 weights and activations in both frameworks; random weights (same for both).",
+      f"devices: {', '.join(devices)}; {args.dtype} weights and activations in both "
+      f"frameworks; random weights (same for both).",
       f"Prefill: batch {args.batch} x {args.prompt} tokens, KV cache filled, last-position "
       f"logits only (both frameworks). Decode: {args.new} new tokens after a "
       f"{args.prompt}-token prompt (greedy), batch sizes {args.decode_batches}. Best of "
-      f"{args.repeats} runs; peak RSS is the whole measuring process (framework included).",
-      f"Memory bandwidth (numpy copy, read+write): **{bandwidth:.1f} GB/s**.",
+      f"{args.repeats} runs; "
+      + ("peak RSS is the whole measuring process (framework included)." if on_cpu else
+         "peak memory is each framework's peak device allocation (RSS where it ran on CPU)."),
+      (f"Memory bandwidth (numpy copy, read+write): **{bandwidth:.1f} GB/s**." if on_cpu else
+       f"Device memory bandwidth (jax elementwise pass, read+write): **{bandwidth:.1f} GB/s**."),
       "1-minute load average at the start and after each (framework, model) run: "
       + ", ".join(f"{x:.1f}" for x in loads)
       + (" (above the core count: other processes shared the CPUs and the absolute numbers, "
@@ -256,20 +338,22 @@ def main():
     for m in metrics:
       lines.append(f"| {family} | {n_params / 1e6:.0f}M | {m.replace('_tok_s', '')} tok/s | "
                    f"{ours[m]:.1f} | {ref[m]:.1f} | {ours[m] / ref[m]:.2f} |")
-    lines.append(f"| {family} | | peak RSS MB | {ours['peak_rss_mb']:.0f} | "
-                 f"{ref['peak_rss_mb']:.0f} | {ours['peak_rss_mb'] / ref['peak_rss_mb']:.2f} |")
-  lines += ["", "Where the peak memory goes (resident MB): after importing and starting the "
-            "framework, after loading the weights, and the peak over the whole run (the rest: "
-            "compiled programs, compilation, caches and activations).", "",
-            "| model | framework | runtime | + weights | peak | peak - loaded |",
-            "|---|---|---|---|---|---|"]
-  for family, _, ours, ref in rows:
-    for name, r in (("harnax", ours), ("transformers", ref)):
-      lines.append(f"| {family} | {name} | {r['runtime_rss_mb']:.0f} | {r['loaded_rss_mb']:.0f} | "
-                   f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] - r['loaded_rss_mb']:.0f} |")
-  lines += ["", "Batch-1 decode against the memory-bandwidth bound (bound = bandwidth / float32 "
-            "bytes of the parameters one token reads: all of them, except the unrouted experts "
-            "of an MoE):", "",
+    lines.append(f"| {family} | | {memory} MB | {ours['peak_mb']:.0f} | "
+                 f"{ref['peak_mb']:.0f} | {ours['peak_mb'] / ref['peak_mb']:.2f} |")
+  if on_cpu:
+    lines += ["", "Where the peak memory goes (resident MB): after importing and starting the "
+              "framework, after loading the weights, and the peak over the whole run (the rest: "
+              "compiled programs, compilation, caches and activations).", "",
+              "| model | framework | runtime | + weights | peak | peak - loaded |",
+              "|---|---|---|---|---|---|"]
+    for family, _, ours, ref in rows:
+      for name, r in (("harnax", ours), ("transformers", ref)):
+        lines.append(f"| {family} | {name} | {r['runtime_rss_mb']:.0f} | "
+                     f"{r['loaded_rss_mb']:.0f} | {r['peak_mb']:.0f} | "
+                     f"{r['peak_mb'] - r['loaded_rss_mb']:.0f} |")
+  lines += ["", "Batch-1 decode against the memory-bandwidth bound (bound = bandwidth / bytes of "
+            "the parameters one token reads: all of them, except the unrouted experts of an "
+            "MoE):", "",
             "| model | bytes read / token (MB) | bound tok/s | harnax tok/s | fraction of bound "
             "| transformers fraction |",
             "|---|---|---|---|---|---|"]
@@ -281,8 +365,8 @@ def main():
                  f"{ours['decode_b1_tok_s']:.1f} | {ours['decode_b1_tok_s'] / bound:.2f} | "
                  f"{ref['decode_b1_tok_s'] / bound:.2f} |")
   text = "\n".join(lines) + "\n"
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
+  os.makedirs(os.path.dirname(out_path), exist_ok=True)
+  with open(out_path, "w") as f:
     f.write(text)
   print(text)
 
