@@ -145,8 +145,12 @@ def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
     dtype: parameter dtype (default float32).
     mesh: optional ``jax.sharding.Mesh``; each parameter is placed directly in the layout
       given by its logical axes and ``rules`` (default ``harnax.parallel.DEFAULT_RULES``).
-    moe_impl: ``"auto"`` (default), ``"ragged"`` (grouped matmuls), ``"dense"`` (every expert
-      on every token) or ``"gather"`` (gather the routed experts' weights); see ``layers.MoE``.
+    moe_impl: ``"auto"`` (default), ``"ragged"`` (grouped matmuls), ``"sorted"`` (sort by
+      expert, capacity slots plus an exact overflow loop), ``"dense"`` (every expert on every
+      token) or ``"gather"`` (gather the routed experts' weights); see docs/models.md.
+
+  On CPU, tensors are read into aligned host buffers that the parameters then use in place,
+  so loading holds one copy of the weights.
 
   Raises:
     ValueError: unsupported architecture or a config field out of range.
