@@ -220,16 +220,23 @@ def attend(q: Array, k: Array, v: Array, mask: Array, *, scale: float,
     never NaN.
   """
   b, t, h, d = q.shape
-  kv_heads = k.shape[1]
-  qg = q.reshape(b, t, kv_heads, h // kv_heads, d)
-  logits = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+  kv_heads, s = k.shape[1], k.shape[2]
+  g = h // kv_heads
+  n = b * kv_heads
+  # One merged (batch, kv head) axis n for both matmuls: the KV cache is stored as [n, S, D]
+  # (see model.AttentionCache), so attending over it is a plain batched matmul on the stored
+  # buffer, with no reshape between the cache update and the matmul.
+  qn = q.reshape(b, t, kv_heads, g, d).transpose(0, 2, 3, 1, 4).reshape(n, g * t, d)
+  kn, vn = k.reshape(n, s, d), v.reshape(n, s, d)
+  logits = jnp.einsum("nqd,nsd->nqs", qn, kn, preferred_element_type=jnp.float32) * scale
   if softcap is not None:
     logits = softcap * jnp.tanh(logits / softcap)
+  mask = jnp.broadcast_to(mask[:, None, None], (b, kv_heads, g, t, s)).reshape(n, g * t, s)
   # A finite floor rather than -inf keeps fully masked rows (padding queries) NaN-free.
-  logits = jnp.where(mask[:, None, None, :, :], logits, jnp.finfo(jnp.float32).min)
+  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bksd->btkgd", probs, v)
-  return out.reshape(b, t, h, d)
+  out = jnp.einsum("nqs,nsd->nqd", probs, vn)
+  return out.reshape(b, kv_heads, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 class Attention(nnx.Module):

@@ -27,14 +27,41 @@ Array = jax.Array
 
 @struct.dataclass
 class AttentionCache:
-  """Keys and values of one attention layer: ``k``, ``v`` [B, K, L, D].
+  """Keys and values of one attention layer: ``k``, ``v`` stored as ``[B*K, L, D]``, or
+  ``[L, D]`` when ``B*K == 1``; :meth:`heads` gives the logical ``[B, K, L, D]`` view.
 
   Heads-major, the layout attention reads, so a decode step writes one slot per head and
-  never transposes the cache.
+  never transposes the cache. No stored dimension has size 1: XLA:CPU turns a size-1
+  dimension between the cache update and attention's matmul into a bitcast, duplicates the
+  update fusion for its two users (attention and the returned cache), and then copies the
+  whole cache to keep both writes in place: four copies per layer per step at batch 1.
   """
 
   k: Array
   v: Array
+
+  @staticmethod
+  def storage_shape(batch: int, kv_heads: int, length: int, head_dim: int) -> tuple[int, ...]:
+    rows = batch * kv_heads
+    return (rows, length, head_dim) if rows > 1 else (length, head_dim)
+
+  def write(self, k: Array, v: Array, index: Array) -> "AttentionCache":
+    """Writes new keys/values ``[B, K, T, D]`` at slots ``[index, index + T)``."""
+    t, d = k.shape[2], k.shape[3]
+    lead = self.k.shape[:-2]  # (B*K,) or ()
+    zero = jnp.zeros((), jnp.int32)
+    start = (zero,) * len(lead) + (index, zero)
+
+    def put(buf, new):
+      return jax.lax.dynamic_update_slice(buf, new.reshape(lead + (t, d)).astype(buf.dtype), start)
+
+    return AttentionCache(k=put(self.k, k), v=put(self.v, v))
+
+  def heads(self, batch: int) -> tuple[Array, Array]:
+    """The logical ``[B, K, L, D]`` views of ``k`` and ``v``."""
+    length, d = self.k.shape[-2:]
+    shape = (batch, -1, length, d)
+    return self.k.reshape(shape), self.v.reshape(shape)
 
 
 @struct.dataclass
@@ -101,11 +128,9 @@ class DecoderLayer(nnx.Module):
     if cache is None:
       k_all, v_all, k_pos, k_valid, new_cache = k, v, positions, mask, None
     else:
-      zero = jnp.zeros((), jnp.int32)
-      k_all = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (zero, zero, index, zero))
-      v_all = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (zero, zero, index, zero))
+      new_cache = cache.write(k, v, index)
+      k_all, v_all = new_cache.heads(x.shape[0])
       k_pos, k_valid = cache_positions, cache_valid
-      new_cache = AttentionCache(k=k_all, v=v_all)
     h = self.attn.attend_and_project(q, k_all, v_all, positions, k_pos, k_valid)
     if self.post_attn_norm is not None:
       h = self.post_attn_norm(h)
@@ -149,7 +174,7 @@ class CausalLM(nnx.Module):
     """Empty cache for ``batch_size`` sequences of at most ``max_length`` tokens."""
     cfg = self.config
     dtype = dtype or self.dtype
-    shape = (batch_size, cfg.num_kv_heads, max_length, cfg.head_dim)
+    shape = AttentionCache.storage_shape(batch_size, cfg.num_kv_heads, max_length, cfg.head_dim)
     layers = tuple(AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
                    for _ in range(cfg.num_layers))
     return Cache(layers=layers, positions=jnp.zeros((batch_size, max_length), jnp.int32),
