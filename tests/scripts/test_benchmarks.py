@@ -28,8 +28,11 @@ def test_quick_moe_run_writes_consistent_tables(tmp_path):
                     text, re.M)
   assert [r[0] for r in rows] == ["prefill", "decode_b1"]
   for _, ours, ref, ratio in rows:
-    assert float(ours) > 0 and float(ref) > 0
-    assert abs(float(ratio) - float(ours) / float(ref)) <= 0.006  # printed to 2 decimals
+    ours, ref, ratio = float(ours), float(ref), float(ratio)
+    assert ours > 0 and ref > 0
+    # Rates are printed to 0.1 and the ratio (of the unrounded rates) to 0.01.
+    lo, hi = (ours - 0.05) / (ref + 0.05), (ours + 0.05) / (ref - 0.05)
+    assert lo - 0.005 <= ratio <= hi + 0.005
   # Memory breakdown: runtime < loaded <= peak for both frameworks.
   mem = re.findall(r"^\| qwen3_moe \| (harnax|transformers) \| (\d+) \| (\d+) \| (\d+) \| (-?\d+) \|$",
                    text, re.M)
