@@ -205,17 +205,30 @@ def measure_torch(path: str, batch: int, prompt: int, new: int, decode_batches, 
     run_prefill()
     sync()
     out["prefill_tok_s"] = batch * prompt / _timeit(run_prefill, repeats, sync)
+    class StepClock(transformers.StoppingCriteria):
+      """Called once per generated token: the times between the first and the last call
+      span exactly the decode steps, without the prompt pass."""
+
+      def __init__(self):
+        self.times = []
+
+      def __call__(self, input_ids, scores, **kwargs):
+        sync()
+        self.times.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
     for b in decode_batches:
       dids = torch.tensor(rng.randint(0, vocab, (b, prompt)), device=device)
       kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
-      def gen_n(n):
-        return lambda: model.generate(dids, max_new_tokens=n, min_new_tokens=n, **kw)
+      def run_decode():
+        clock = StepClock()
+        model.generate(dids, max_new_tokens=new + 1, min_new_tokens=new + 1,
+                       stopping_criteria=transformers.StoppingCriteriaList([clock]), **kw)
+        return clock.times[-1] - clock.times[0]  # `new` decode steps
 
-      gen_n(2)()  # warm-up
-      sync()
-      # decode time = generate(new + 1) - generate(1): both include one prefill.
-      seconds = _timeit(gen_n(new + 1), repeats, sync) - _timeit(gen_n(1), repeats, sync)
+      run_decode()  # warm-up
+      seconds = min(run_decode() for _ in range(repeats))
       out[f"decode_b{b}_tok_s"] = b * new / seconds
   out["peak_mb"] = (_peak_rss_mb() if on_cpu
                     else torch.cuda.max_memory_allocated(device) / 1024**2)
