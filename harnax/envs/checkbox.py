@@ -1,4 +1,4 @@
-"""A toy harness family: 'check the right boxes', and a log-linear text model.
+"""A toy harness family: 'check the right boxes', and text features for a log-linear policy.
 
 Task: three checkboxes `alpha, bravo, charlie`; the instruction names the
 targets (default `alpha` and `charlie`). States `0..7` are the bitmask of
@@ -6,7 +6,7 @@ checked boxes, state 8 is the absorbing end. Semantic actions toggle a box,
 `submit` (reward 1 iff exactly the targets are checked, then the end) or
 `wait`; discount 0.9, start with nothing checked, uniform `pi_ref`.
 
-Harness variants (seed 000's H0, a batch-action harness, and a field flip):
+Harness variants (the harness-transfer study's H0, a batch-action harness, and a field flip):
 
 * `"base"` (H0): one click per step. Candidate outputs `click X`, `toggle X`
   (both decode to the same action), `submit`, `wait`, and two invalid ones
@@ -17,26 +17,20 @@ Harness variants (seed 000's H0, a batch-action harness, and a field flip):
 * `"reversed"` (H2): H0 with the observation fields in reverse order. Only the
   *representation* changes: same MDP, same optimum.
 
-The model is log-linear over features of the encoded text: for `click X` it
-reads the line that mentions X and fires one indicator per (line position,
-checkbox glyph, X named in the task line). Its weights are therefore tied to
-positions: trained on H0 they read the wrong lines under H2, a readout drift
-with zero target shift.
+`text_features` feeds the log-linear policy (`harnax.policies.log_linear`): for
+`click X` it reads the line that mentions X and fires one indicator per (line
+position, checkbox glyph, X named in the task line). Weights are therefore tied to
+positions: trained on H0 they read the wrong lines under H2, a readout drift with
+zero target shift.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-from harnax.core import evaluation
-from harnax.core import gradients
 from harnax.core import mdp as mdp_lib
-from harnax.harness import aggregation
 from harnax.harness import interface
 
 Array = jax.Array
@@ -156,7 +150,7 @@ def checkbox_harnesses(**kwargs) -> dict[str, interface.TabularHarness]:
 
 
 # ---------------------------------------------------------------------------
-# The log-linear text model.
+# Text features for the log-linear policy (harnax.policies.log_linear).
 # ---------------------------------------------------------------------------
 
 # Feature layout: [position x glyph x named-in-task | click, toggle | batch |
@@ -205,77 +199,3 @@ def checkbox_features(harness: interface.TabularHarness) -> np.ndarray:
   """`[S, O, NUM_FEATURES]`: the features of every output in every encoded state."""
   return np.stack([np.stack([text_features(harness.encode(s), o) for o in harness.output_names])
                    for s in range(harness.num_states)])
-
-
-def log_linear_log_probs(theta: Array, features: Array) -> Array:
-  """`log p(o|s) = log_softmax(features @ theta)`, `[S, O]`."""
-  return jax.nn.log_softmax(jnp.einsum("sod,d->so", features, theta), axis=-1)
-
-
-def log_linear_semantic_policy(theta: Array, features: Array,
-                               harness: interface.TabularHarness, *,
-                               invalid: str = "noop") -> Array:
-  """`Pi_H` of the log-linear model with weights `theta` read through `harness`."""
-  return aggregation.semantic_policy(harness, log_linear_log_probs(theta, features),
-                                     invalid=invalid)
-
-
-def fit_log_linear(harness: interface.TabularHarness, features, *, tau, theta=None,
-                   steps: int = 200, learning_rate: float = 10.0,
-                   invalid: str = "noop") -> Array:
-  """Exact policy-gradient ascent on `J_H(Pi_H(theta))` (no sampling).
-
-  The example's own training loop (one `lax.fori_loop`): gradient steps with a
-  step size that grows by 1.25 after an accepted step and halves after a
-  rejected one (a step is rejected when it would lower `J`), so `J` never
-  decreases. Start from `theta` to adapt a trained model to another harness.
-
-  Args:
-    harness: the harness to train on.
-    features: `[S, O, NUM_FEATURES]` from `checkbox_features(harness)`.
-    tau: temperature > 0.
-    theta: initial weights `[NUM_FEATURES]` (zeros if None).
-    steps: gradient steps.
-    learning_rate: initial step size.
-    invalid: aggregation mode.
-
-  Returns:
-    `theta`, `[NUM_FEATURES]`.
-  """
-  features = jnp.asarray(features, harness.pi_ref.dtype)
-  if features.shape != (harness.num_states, harness.num_outputs, NUM_FEATURES):
-    expected = [harness.num_states, harness.num_outputs, NUM_FEATURES]
-    raise ValueError(f"features: expected shape {expected}, got {list(features.shape)}")
-  theta = jnp.zeros(NUM_FEATURES, features.dtype) if theta is None else jnp.asarray(
-      theta, features.dtype)
-  if int(steps) < 0:
-    raise ValueError(f"steps: expected a non-negative int, got {steps}")
-  return _fit(harness.mdp, harness.pi_ref, harness.decode_table, features,
-              jnp.asarray(tau, features.dtype), theta, jnp.asarray(int(steps), jnp.int32),
-              jnp.asarray(learning_rate, features.dtype),
-              noop_action=harness.noop_action if invalid == "noop" else None, invalid=invalid)
-
-
-@functools.partial(jax.jit, static_argnames=("noop_action", "invalid"))
-def _fit(mdp, pi_ref, decode_table, features, tau, theta, steps, learning_rate, noop_action,
-         invalid):
-  # Arrays only (no harness metadata) so that harnesses of one shape share a compile.
-  def policy_fn(th):
-    return jnp.exp(aggregation.aggregate_log_probs(
-        log_linear_log_probs(th, features), decode_table, num_actions=pi_ref.shape[-1],
-        invalid=invalid, noop_action=noop_action))
-
-  def value(th):
-    return evaluation.evaluate_policy(mdp, policy_fn(th), pi_ref, tau).value
-
-  # Monotone ascent: a step that lowers J is rejected and the step size halved;
-  # an accepted one grows it by 1.25. Adapting from a trained model can
-  # therefore never end below the model it started from.
-  def step(_, carry):
-    th, lr = carry
-    j, g = gradients.policy_gradient(mdp, th, policy_fn, pi_ref, tau)
-    cand = th + lr * g
-    ok = value(cand) >= j
-    return jnp.where(ok, cand, th), jnp.where(ok, 1.25 * lr, 0.5 * lr)
-
-  return lax.fori_loop(0, steps, step, (theta, learning_rate))[0]

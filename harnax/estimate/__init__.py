@@ -47,11 +47,6 @@ from harnax.estimate.sampling import sample_occupancy_gym
 from harnax.estimate.sampling import sample_trajectories
 from harnax.estimate.sampling import state_histogram
 from harnax.estimate.sampling import total_variation
-from harnax.estimate.synthetic import DATA_FILE
-from harnax.estimate.synthetic import SyntheticHarness
-from harnax.estimate.synthetic import synthetic_harnesses
-from harnax.estimate.synthetic import synthetic_logs
-from harnax.estimate.synthetic import write_jsonl
 
 __all__ = [
     "centered_score_errors",
@@ -96,9 +91,4 @@ __all__ = [
     "sample_trajectories",
     "state_histogram",
     "total_variation",
-    "DATA_FILE",
-    "SyntheticHarness",
-    "synthetic_harnesses",
-    "synthetic_logs",
-    "write_jsonl",
 ]

@@ -11,12 +11,6 @@ from harnax.harness.aggregation import aggregate_probs
 from harnax.harness.aggregation import segment_logsumexp
 from harnax.harness.aggregation import semantic_log_policy
 from harnax.harness.aggregation import semantic_policy
-from harnax.harness.checkbox import checkbox_features
-from harnax.harness.checkbox import checkbox_harness
-from harnax.harness.checkbox import checkbox_harnesses
-from harnax.harness.checkbox import fit_log_linear
-from harnax.harness.checkbox import log_linear_log_probs
-from harnax.harness.checkbox import log_linear_semantic_policy
 from harnax.harness.interface import INVALID
 from harnax.harness.interface import FieldEncoder
 from harnax.harness.interface import Interface
@@ -52,12 +46,6 @@ __all__ = [
     "segment_logsumexp",
     "semantic_log_policy",
     "semantic_policy",
-    "checkbox_features",
-    "checkbox_harness",
-    "checkbox_harnesses",
-    "fit_log_linear",
-    "log_linear_log_probs",
-    "log_linear_semantic_policy",
     "INVALID",
     "FieldEncoder",
     "Interface",

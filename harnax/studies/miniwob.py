@@ -1,13 +1,14 @@
 """The tabular MiniWoB++ study: C, M and J across H0–H5, and the nine swaps.
 
 For one family: task instances split into train and held-out sets, each
-compiled under every harness; a log-linear text model (`policy`) trained by
+compiled under every harness; a log-linear text policy (`harnax.policies.log_linear`
+over `harnax.envs.miniwob.features`) trained by
 exact policy gradient on the training instances of each harness (one weight
 vector per harness, shared by all instances), then read through every
 harness on the held-out instances ("frozen") and adapted to the harness it is
 swapped to. Everything is exact: `C` by the soft-Bellman solver, `J` by policy
-evaluation, `M` by its own formula (docs/theory.md §2), so `J = C - M` is a
-check.
+evaluation, `M` by its own formula (docs/theory.md), so `J = C - M` is a
+check. Training is `harnax.train.fit` (Adam on the exact gradient).
 
 Instances of different sizes are padded to one shape and vmapped: padded
 states are unreachable absorbing states whose only action is `wait`, padded
@@ -19,21 +20,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
+from harnax import train as train_lib
 from harnax.core import evaluation
 from harnax.core import mdp as mdp_lib
 from harnax.core import objectives
-from harnax.harness import aggregation
-from harnax.harness import interface
+from harnax.core import solvers
+from harnax.envs.miniwob import features as features_lib
 from harnax.envs.miniwob import harnesses as harnesses_lib
-from harnax.envs.miniwob import policy as policy_lib
 from harnax.envs.miniwob.tasks import SUCCESS_REWARD
+from harnax.harness import interface
+from harnax.policies import log_linear
+
+Log = Callable[[str], None]
 
 Array = jax.Array
 
@@ -88,8 +92,8 @@ def pad_batch(compiled: Sequence[harnesses_lib.CompiledHarness], shape=None,
     ref[s:, harnesses_lib.WAIT] = 1.0
     table = np.full((s_max, o_max), interface.INVALID, np.int32)
     table[:s, :o] = np.asarray(h.decode_table)
-    phi = np.zeros((s_max, o_max, policy_lib.NUM_FEATURES))
-    phi[:s, :o] = policy_lib.harness_features(c)
+    phi = np.zeros((s_max, o_max, features_lib.NUM_FEATURES))
+    phi[:s, :o] = features_lib.harness_features(c)
     mask = np.arange(o_max) < o
     mdps.append(mdp_lib.TabularMDP(transitions=p.astype(dtype), rewards=r.astype(dtype),
                                    discount=np.asarray(h.mdp.discount, dtype),
@@ -105,12 +109,12 @@ def pad_batch(compiled: Sequence[harnesses_lib.CompiledHarness], shape=None,
 
 def semantic_policy(theta: Array, batch: PaddedBatch) -> Array:
   """`Pi_H(a | s)` of the model on every instance, `[N, S, A]` (invalid -> wait)."""
-  def one(features, mask, table, ref):
-    logp = policy_lib.output_log_probs(theta, features, mask)
-    return jnp.exp(aggregation.aggregate_log_probs(
-        logp, table, num_actions=ref.shape[-1], invalid="noop",
-        noop_action=harnesses_lib.WAIT))
-  return jax.vmap(one)(batch.features, batch.output_mask, batch.decode_table, batch.pi_ref)
+  def one(features, mask, table):
+    return log_linear.semantic_policy(theta, features, table, num_actions=num_actions,
+                                      invalid="noop", noop_action=harnesses_lib.WAIT,
+                                      output_mask=mask)
+  num_actions = batch.pi_ref.shape[-1]
+  return jax.vmap(one)(batch.features, batch.output_mask, batch.decode_table)
 
 
 class Scores(NamedTuple):
@@ -158,7 +162,7 @@ def _success(policy, mdp, horizon):
 def success_rate(policy: Array, batch: PaddedBatch, horizon: int = 20) -> Array:
   """Probability of finishing successfully (raw reward 1) within `horizon` steps, `[N]`.
 
-  Seed 000's success rate; `horizon` matches the gymnasium environments'
+  The harness-transfer study's success rate; `horizon` matches the gymnasium environments'
   truncation. Exact (propagates the state distribution), nothing sampled.
   """
   if not isinstance(horizon, (int, np.integer)) or horizon < 1:
@@ -166,24 +170,18 @@ def success_rate(policy: Array, batch: PaddedBatch, horizon: int = 20) -> Array:
   return _success(policy, batch.mdp, int(horizon))
 
 
-@functools.partial(jax.jit, static_argnames=("steps",))
-def _train(theta, batch, tau, steps, learning_rate):
-  opt = optax.adam(learning_rate)
+def mean_return(theta: Array, data: tuple[PaddedBatch, Array]) -> Array:
+  """The training objective: mean exact `J` of the model over a batch, scalar.
 
-  def loss(th):
-    pol = semantic_policy(th, batch)
-    values = jax.vmap(lambda m, p, r: evaluation.evaluate_policy(m, p, r, tau).value)(
-        batch.mdp, pol, batch.pi_ref)
-    return -jnp.mean(values)
-
-  def step(carry, _):
-    th, state = carry
-    val, g = jax.value_and_grad(loss)(th)
-    updates, state = opt.update(g, state, th)
-    return (optax.apply_updates(th, updates), state), -val
-
-  (theta, _), curve = jax.lax.scan(step, (theta, opt.init(theta)), None, length=steps)
-  return theta, curve
+  Args:
+    theta: `[D]` weights.
+    data: `(batch, tau)`.
+  """
+  batch, tau = data
+  pol = semantic_policy(theta, batch)
+  values = jax.vmap(lambda m, p, r: evaluation.evaluate_policy(m, p, r, tau).value)(
+      batch.mdp, pol, batch.pi_ref)
+  return jnp.mean(values)
 
 
 def train(batch: PaddedBatch, *, tau: float, steps: int = 200, learning_rate: float = 0.1,
@@ -208,10 +206,11 @@ def train(batch: PaddedBatch, *, tau: float, steps: int = 200, learning_rate: fl
   if not float(tau) > 0:
     raise ValueError(f"tau: expected a positive float, got {tau!r}")
   dtype = batch.pi_ref.dtype
-  theta = (jnp.zeros(policy_lib.NUM_FEATURES, dtype) if theta is None
+  theta = (jnp.zeros(features_lib.NUM_FEATURES, dtype) if theta is None
            else jnp.asarray(theta, dtype))
-  return _train(theta, batch, jnp.asarray(tau, dtype), int(steps),
-                jnp.asarray(learning_rate, dtype))
+  out = train_lib.fit(mean_return, theta, (batch, jnp.asarray(tau, dtype)),
+                      optimizer=train_lib.adam(float(learning_rate)), num_steps=int(steps))
+  return out.params, out.values
 
 
 @dataclasses.dataclass
@@ -263,9 +262,13 @@ def _mean(scores: Scores) -> Scores:
 def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
                discount: float = 0.9, steps: int = 200, adapt_steps: int = 100,
                learning_rate: float = 0.1, harnesses: Sequence[str] = harnesses_lib.HARNESSES,
-               swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS) -> FamilyStudy:
-  """Trains one model per harness and measures every harness and swap (module doc)."""
-  from harnax.core import solvers  # the optimum of each held-out instance
+               swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS,
+               log: Log | None = None) -> FamilyStudy:
+  """Trains one model per harness and measures every harness and swap (module doc).
+
+  `log`, when given, receives one line per stage (progress of a run that takes minutes).
+  """
+  log = log or (lambda _: None)
   names = tuple(harnesses)
   for a, b in swaps:
     if a not in names or b not in names:
@@ -284,9 +287,12 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
   test_b = {h: pad_batch(test_c[h], shape) for h in names}
   test_rb = {h: pad_batch(test_r[h], shape) for h in names}
 
+  log(f"{family}: compiled {len(train_tasks)} + {len(test_tasks)} instances x {len(names)} "
+      f"harnesses, padded to (S, A, O) = {shape}")
   thetas, curves = {}, {}
   for h in names:
     thetas[h], curves[h] = train(train_b[h], tau=tau, steps=steps, learning_rate=learning_rate)
+    log(f"{family}: trained on {h} ({steps} steps), mean J {float(curves[h][-1]):+.3f}")
   n = len(names)
 
   def stack(cells):
@@ -307,6 +313,7 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     th, _ = train(train_b[b], tau=tau, steps=adapt_steps, learning_rate=learning_rate,
                   theta=thetas[a])
     adapted[(names.index(a), names.index(b))] = _mean(evaluate_model(th, test_b[b], tau))
+    log(f"{family}: adapted {a} -> {b} ({adapt_steps} steps)")
   reversed_pol = [semantic_policy(thetas[h], test_rb[h]) for h in names]
   reversed_frozen = stack([[_mean(evaluate(pol, test_rb[h], tau))
                             for pol, h in zip(reversed_pol, names)]])
@@ -331,7 +338,7 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     # Field reversal: the optimum's decisions stay, the model's top output moves.
     unchanged &= bool(np.array_equal(np.argmax(np.asarray(pol), -1),
                                      np.argmax(np.asarray(solve(br.mdp, br.pi_ref)), -1)))
-    top, top_r = (np.argmax(np.asarray(policy_lib.output_log_probs(
+    top, top_r = (np.argmax(np.asarray(log_linear.output_log_probs(
         thetas[h], x.features, x.output_mask)), -1) for x in (b, br))
     live = np.array([[st < c.done_state for st in range(shape[0])] for c in test_c[h]])
     flips.append(float(np.sum((top != top_r) & live) / np.sum(live)))

@@ -1,4 +1,4 @@
-"""The built-in checkbox harness family and its log-linear text model."""
+"""The built-in checkbox harness family, its text features, and a log-linear policy on it."""
 
 import jax
 import jax.numpy as jnp
@@ -7,11 +7,15 @@ import pytest
 
 import harnax as hx
 from harnax import harness as hh
-from harnax.harness import checkbox
+from harnax import policies
+from harnax import train
+from harnax.envs import checkbox
+
+pytestmark = pytest.mark.x64
 
 
 def test_semantic_mdp_and_decode_tables():
-  h = hh.checkbox_harnesses()
+  h = checkbox.checkbox_harnesses()
   h0, h1, h2 = h["H0"], h["H1"], h["H2"]
   assert (h0.num_states, h0.num_actions, h0.num_outputs) == (9, 5, 10)
   assert (h1.num_actions, h1.num_outputs) == (8, 13)
@@ -37,14 +41,14 @@ def test_semantic_mdp_and_decode_tables():
 
 
 def test_ceilings_batch_raises_and_reversal_keeps():
-  h = hh.checkbox_harnesses()
+  h = checkbox.checkbox_harnesses()
   c = {k: float(hx.ceiling(x.mdp, x.pi_ref, 0.1, tol=1e-12)) for k, x in h.items()}
   assert c["H0"] == c["H2"] and c["H1"] > c["H0"]
 
 
 def test_features_depend_on_field_position():
-  h = hh.checkbox_harnesses()
-  f0, f2 = hh.checkbox_features(h["H0"]), hh.checkbox_features(h["H2"])
+  h = checkbox.checkbox_harnesses()
+  f0, f2 = checkbox.checkbox_features(h["H0"]), checkbox.checkbox_features(h["H2"])
   assert f0.shape == (9, 10, checkbox.NUM_FEATURES)
   o = h["H0"].output_names.index("click alpha")
   assert not np.array_equal(f0[:, o], f2[:, o])  # alpha sits on another line
@@ -60,8 +64,8 @@ def test_training_lowers_the_mismatch(checkbox_models):
   m = checkbox_models
   h, f, tau = m["harnesses"]["H0"], m["features"]["H0"], m["tau"]
   sol = hx.solve_soft_bellman(h.mdp, h.pi_ref, tau, tol=1e-12)
-  untrained = hh.log_linear_semantic_policy(jnp.zeros(checkbox.NUM_FEATURES), f, h)
-  trained = hh.log_linear_semantic_policy(m["theta"]["H0"], f, h)
+  untrained = policies.harness_semantic_policy(jnp.zeros(checkbox.NUM_FEATURES), f, h)
+  trained = policies.harness_semantic_policy(m["theta"]["H0"], f, h)
   m0 = float(hx.mismatch(h.mdp, untrained, h.pi_ref, tau, solution=sol))
   m1 = float(hx.mismatch(h.mdp, trained, h.pi_ref, tau, solution=sol))
   assert m1 < 0.5 * m0
@@ -69,9 +73,15 @@ def test_training_lowers_the_mismatch(checkbox_models):
 
 def test_bad_options():
   with pytest.raises(ValueError, match="variant: expected one of"):
-    hh.checkbox_harness("sideways")
+    checkbox.checkbox_harness("sideways")
   with pytest.raises(ValueError, match="targets: expected distinct labels"):
-    hh.checkbox_harness(targets=("delta",))
-  h = hh.checkbox_harness()
-  with pytest.raises(ValueError, match=r"features: expected shape \[9, 10, "):
-    hh.fit_log_linear(h, np.zeros((9, 13, checkbox.NUM_FEATURES)), tau=0.1)
+    checkbox.checkbox_harness(targets=("delta",))
+  h = checkbox.checkbox_harness()
+  with pytest.raises(ValueError, match=r"features: expected shape \[9, 10, D\]"):
+    train.fit_log_linear(h, np.zeros((9, 13, checkbox.NUM_FEATURES)), 0.1)
+  with pytest.raises(ValueError, match=r"theta: expected shape"):
+    train.fit_log_linear(h, np.zeros((9, 10, checkbox.NUM_FEATURES)), 0.1, theta=np.zeros(3))
+  with pytest.raises(ValueError, match="tau: expected"):
+    train.fit_log_linear(h, np.zeros((9, 10, checkbox.NUM_FEATURES)), -1.0)
+  with pytest.raises(ValueError, match="num_steps: expected a non-negative int"):
+    train.fit_log_linear(h, np.zeros((9, 10, checkbox.NUM_FEATURES)), 0.1, num_steps=-1)

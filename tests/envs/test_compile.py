@@ -19,10 +19,7 @@ TAU = 0.1
 GAMMA = 0.9
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _x64():
-  with jax.enable_x64(True):
-    yield
+pytestmark = pytest.mark.x64
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
 """MiniWoB++ task families compiled to finite MDPs under harnesses H0–H5.
 
 `tasks` holds the task families (page states and clicks), `harnesses` the
-harnesses H0–H5 and their compilation to `TabularHarness`, `policy` a
-log-linear text model that reads any harness's observation text, `study` the
-padded, vmapped training and evaluation behind scripts/miniwob_study.py, and
+harnesses H0–H5 and their compilation to `TabularHarness`, `features` the
+text features a log-linear policy reads from any harness's observation, and
 `browser` the bridge to the real task pages. Theory and the choice of each
 harness: docs/harnesses.md; the browser bridge: docs/browser.md.
 """
@@ -19,8 +18,7 @@ from harnax.envs.miniwob.harnesses import candidate_outputs
 from harnax.envs.miniwob.harnesses import compile_all
 from harnax.envs.miniwob.harnesses import compile_harness
 from harnax.envs.miniwob.harnesses import harness_spec
-from harnax.envs.miniwob import policy
-from harnax.envs.miniwob import study
+from harnax.envs.miniwob import features
 from harnax.envs.miniwob.tasks import FAMILIES
 from harnax.envs.miniwob.tasks import CheckboxesTask
 from harnax.envs.miniwob.tasks import Element

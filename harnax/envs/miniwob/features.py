@@ -1,6 +1,6 @@
-"""A log-linear text policy over MiniWoB++ observations, deployable on every harness.
+"""Text features of MiniWoB++ observations for the log-linear policy (harnax.policies).
 
-The model scores each candidate output `o` (a command string) from features
+The policy scores each candidate output `o` (a command string) from features
 of the *encoded observation text* and `o` alone, so one weight vector reads
 any harness's text: `log p(o | text) = log_softmax_o(phi(text, o) . theta)`.
 
@@ -18,13 +18,9 @@ from __future__ import annotations
 
 import re
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from harnax.envs.miniwob import harnesses as harnesses_lib
-
-Array = jax.Array
 
 KINDS = ("checkbox", "radio", "button", "tab", "link")
 FINISHING = ("button", "link")
@@ -94,19 +90,3 @@ def harness_features(compiled: harnesses_lib.CompiledHarness) -> np.ndarray:
   return np.stack([
       np.stack([text_features(compiled.observation(s), o) for o in compiled.outputs])
       for s in range(compiled.harness.num_states)])
-
-
-def output_log_probs(theta: Array, features: Array, output_mask: Array | None = None) -> Array:
-  """`log p(o | s)`, `[..., S, O]`; masked outputs (padding) get probability 0.
-
-  Args:
-    theta: `[D]` weights.
-    features: `[..., S, O, D]`.
-    output_mask: bool `[..., O]` (True = a real output), or None.
-  """
-  logits = jnp.einsum("...sod,d->...so", features, theta)
-  if output_mask is not None:
-    # A large finite negative, not -inf: exp underflows to exactly 0 and no
-    # inf - inf appears in the gradient.
-    logits = jnp.where(output_mask[..., None, :], logits, -1e9)
-  return jax.nn.log_softmax(logits, axis=-1)
