@@ -51,13 +51,16 @@ def test_pages_agree_with_compiled_mdp(session, family):
   end of the episode), the raw reward, the sign of the time-decayed reward,
   the elements shown, and that the observed state is reachable in the MDP.
   """
-  replays = []
   start = time.perf_counter()
-  found = browser.validate(family, SEEDS, NUM_RANDOM, session=session, max_steps=MAX_STEPS,
-                           replays=replays)
+  result = browser.validate(family, SEEDS, NUM_RANDOM, session=session, max_steps=MAX_STEPS)
   elapsed = time.perf_counter() - start
+  found, replays = result.disagreements, result.replays
   assert not found, "\n".join(str(d) for d in found)
   assert len(replays) == len(SEEDS) * len(harnesses.HARNESSES) * (NUM_RANDOM + 1)
+  per_episode = [f"random-{k}" for k in range(NUM_RANDOM)] + ["optimal"]
+  assert result.sequences == tuple(per_episode * (len(SEEDS) * len(harnesses.HARNESSES)))
+  assert [(r.seed, r.compiled.spec.name) for r in replays[::NUM_RANDOM + 1]] == [
+      (seed, h) for seed in SEEDS for h in harnesses.HARNESSES]
   steps = sum(len(r.steps) for r in replays)
   print(f"{family}: {len(replays)} episodes, {steps} steps, {elapsed:.1f} s")
 
@@ -67,7 +70,7 @@ def test_pages_agree_with_compiled_mdp(session, family):
     assert {r.initial_state} | {s.state for s in r.steps} <= reachable
 
   # The optimal sequences end in success on the page, with the MDP's reward.
-  optimal = replays[NUM_RANDOM::NUM_RANDOM + 1]
+  optimal = [r for r, label in zip(replays, result.sequences) if label == "optimal"]
   for r in optimal:
     assert r.steps[-1].done and r.steps[-1].raw_reward == tasks.SUCCESS_REWARD, r
     assert r.steps[-1].env_reward > 0
@@ -96,7 +99,7 @@ def test_checkbox_value_encoding(session):
   task = browser.page_task(session, "click-checkboxes")
   refs = browser.visible_elements(task, obs)
   env = session.env("click-checkboxes")
-  obs, *_ = browser._click(env, refs[0])  # pylint: disable=protected-access
+  obs, *_ = browser.page.click_element(env, refs[0])
   values = {d["id"]: d["value"] for d in obs["dom_elements"] if d["tag"] == "input_checkbox"}
   assert values["ch0"] == "True" and values["ch1"] == ""
   assert browser.read_page_state(session, "click-checkboxes") == 1
@@ -137,6 +140,24 @@ def test_replay_by_name_and_blocked_finish(session):
 
 
 @pytest.mark.slow
+def test_started_episode_is_played_before_another_reset(session):
+  """`replay` is `start_episode` then `play_episode`; a start outlived by a reset is refused."""
+  start = browser.episodes.start_episode("click-option", 3, "H0", session=session)
+  task = start.compiled.task
+  assert task == browser.page_task(session, "click-option")
+  right, submit = f"click [{task.answer + 1}]", f"click [{len(task.labels) + 1}]"
+  r = browser.episodes.play_episode(start, [right, submit])
+  assert r.compiled is start.compiled and [s.sent for s in r.steps] == [1, 1]
+  assert r.steps[-1].done and r.steps[-1].raw_reward == tasks.SUCCESS_REWARD
+  assert not browser.compare(r)
+
+  start = browser.episodes.start_episode("click-option", 3, "H0", session=session)
+  session.reset("click-option", 4)
+  with pytest.raises(ValueError, match="start: the click-option page was reset"):
+    browser.episodes.play_episode(start, [right])
+
+
+@pytest.mark.slow
 def test_replay_rejects_bad_actions(session):
   with pytest.raises(ValueError, match=r"actions\[1\].*out of range"):
     browser.replay("click-tab-2", 0, [0, 10_000], "H0", session=session)
@@ -168,6 +189,10 @@ def test_bad_arguments_name_the_field():
     browser.BrowserSession(start_timeout=0)
   with pytest.raises(ValueError, match="num_random_sequences"):
     browser.validate("click-option", [0], -1)
+  with pytest.raises(ValueError, match="max_steps"):
+    browser.validate("click-option", [0], max_steps=0)
+  with pytest.raises(ValueError, match="compiled"):
+    browser.optimal_policy(0.05)
 
 
 def _script(path, body):
@@ -256,3 +281,29 @@ def test_optimal_policy_solves_the_padded_mdp():
 def test_reachable_states_of_tabs():
   c = harnesses.compile_harness(tasks.sample_task("click-tab-2", 0), "H3")
   assert browser.reachable_states(c) == frozenset(range(c.done_state + 1))
+
+
+def test_optimal_policy_is_solved_once_for_its_harness(monkeypatch):
+  """One solve when the policy is built, none per step; it serves only its own harness."""
+  from harnax.core import solvers
+  c = harnesses.compile_harness(tasks.sample_task("click-option", 1), "H5")
+  solves = []
+  solve = browser.policies.soft_optimal_policy
+
+  def counting_solve(*args, **kwargs):
+    solves.append(args)
+    return solve(*args, **kwargs)
+
+  monkeypatch.setattr(browser.policies, "soft_optimal_policy", counting_solve)
+  policy = browser.optimal_policy(c, tau=0.05)
+  # Greedy in the unpadded solution (ties within the solver's tolerance allowed).
+  ref = np.asarray(solvers.solve_soft_bellman(c.harness.mdp, c.harness.pi_ref, 0.05).policy)
+  for state in range(c.done_state + 1):
+    for t in range(2):
+      a = policy(c, state, t)
+      assert ref[state, a] >= ref[state].max() - 1e-4
+  assert len(solves) == 1
+  # An equal harness compiled again is another object: refused, never answered from the policy
+  # of whatever object once had its id.
+  with pytest.raises(ValueError, match="compiled: this policy was solved for"):
+    policy(harnesses.compile_harness(c.task, "H5"), 0, 0)
