@@ -10,7 +10,7 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
-  config.family = "checkbox"        # the harness family (harnax.harness.checkbox_harnesses)
+  config.family = "checkbox"        # the harness family (harnax.envs.checkbox)
   config.targets = ("alpha", "charlie")  # the task instance: boxes to check
   config.discount = 0.9
   config.tau = 0.5
@@ -18,8 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.adapt = True               # also adapt every model to every other harness (swap table)
 
   config.train = ml_collections.ConfigDict()
-  config.train.steps = 150          # exact policy-gradient steps (harness.fit_log_linear)
-  config.train.learning_rate = 10.0
+  config.train.steps = 200          # Adam steps on the exact gradient (train.fit_log_linear)
+  config.train.learning_rate = 0.5
 
   config.estimate = ml_collections.ConfigDict()
   config.estimate.num_states = 256            # states drawn from d^pi by geometric stopping

@@ -8,7 +8,7 @@ rendered as short command strings that `proxy.coding_agent_category` maps
 back. Rewards are shifted and the policy interpolated (geometrically, between
 `pi*` and a random policy) until `C` and `M` hit prescribed targets, chosen so
 that ranking by `C` alone or by `M` alone is wrong and only `C - M` is right
-(as in seed 000's Terminal-Bench study).
+(as in the harness-transfer study's Terminal-Bench comparison).
 
 `data/synthetic_logs.jsonl` was written by
 `write_jsonl(synthetic_logs(synthetic_harnesses(seed=0), seed=1), path)`.
@@ -32,7 +32,7 @@ from harnax.estimate import proxy
 DATA_FILE = os.path.join(os.path.dirname(__file__), "data", "synthetic_logs.jsonl")
 
 # name -> (target C, target M, termination probability, non-terminal states).
-# "agentic" takes many more decisions per episode (seed 000's DeepAgents).
+# "agentic" takes many more decisions per episode (the harness-transfer study's DeepAgents).
 DEFAULT_TARGETS = {
     "minimal": (6.0, 1.0, 0.3, 6),
     "tools": (8.5, 6.0, 0.08, 16),
@@ -72,35 +72,8 @@ class SyntheticHarness(NamedTuple):
   value: float
 
 
-def _np_optimum(p, r, pi_ref, gamma, tau):
-  """`(V*, pi*)` by soft policy iteration in NumPy (fast inner loop of the bisections)."""
-  avail = pi_ref > 0
-  log_ref = np.log(np.where(avail, pi_ref, 1.0))
-  pi = pi_ref.copy()
-  eye = np.eye(p.shape[0])
-  for _ in range(100):
-    kl = np.sum(np.where(pi > 0, pi * (np.log(np.where(pi > 0, pi, 1.0)) - log_ref), 0.0), -1)
-    v = np.linalg.solve(eye - gamma * np.einsum("sa,sat->st", pi, p),
-                        np.sum(pi * r, -1) - tau * kl)
-    logits = np.where(avail, (r + gamma * p @ v) / tau + log_ref, -np.inf)
-    top = logits.max(-1, keepdims=True)
-    new = np.exp(logits - top)
-    new /= new.sum(-1, keepdims=True)
-    done = np.max(np.abs(new - pi)) < 1e-14
-    pi = new
-    if done:
-      break
-  v_star = tau * (top[:, 0] + np.log(np.sum(np.exp(logits - top), -1)))
-  return v_star, pi
-
-
-def _np_mismatch(p, policy, pi_star, mu0, gamma, tau):
-  p_pi = np.einsum("sa,sat->st", policy, p)
-  d = (1 - gamma) * np.linalg.solve(np.eye(p.shape[0]) - gamma * p_pi.T, mu0)
-  pos = policy > 0
-  kl = np.sum(np.where(pos, policy * (np.log(np.where(pos, policy, 1.0))
-                                      - np.log(np.where(pos, pi_star, 1.0))), 0.0), -1)
-  return tau / (1 - gamma) * float(d @ kl)
+# Certified sup-norm error of every optimum solved here (float64).
+_TOL = 1e-12
 
 
 def _bisect(f, lo, hi, target, iters=50):
@@ -141,18 +114,21 @@ def _harness(rng, name, c_target, m_target, p_term, *, num_states, discount, tau
   mu0[0] = 1.0
   nonterm = np.arange(s) < num_states
 
-  def rewards(shift):
-    return base + shift * nonterm[:, None]
+  def mdp_of(shift):
+    return mdp_lib.TabularMDP(transitions=p, rewards=base + shift * nonterm[:, None],
+                              discount=discount, initial=mu0)
 
-  def ceiling(shift):
-    return float(mu0 @ _np_optimum(p, rewards(shift), pi_ref, discount, tau)[0])
+  def optimum(mdp):
+    return solvers.solve_soft_bellman(mdp, pi_ref, tau, tol=_TOL)
 
-  shift = _bisect(ceiling, -20.0, 20.0, c_target)
-  mdp = mdp_lib.TabularMDP(transitions=p, rewards=rewards(shift), discount=discount, initial=mu0)
-  pi_star_np = _np_optimum(p, rewards(shift), pi_ref, discount, tau)[1]
+  shift = _bisect(lambda x: float(objectives.ceiling(mdp_of(x), pi_ref, tau, tol=_TOL)),
+                  -20.0, 20.0, c_target)
+  mdp = mdp_of(shift)
+  sol = optimum(mdp)
+  pi_star = np.asarray(sol.policy)
   avail = pi_ref > 0
   bad = np.where(avail, rng.normal(0.0, 2.5, (s, a)), 0.0)
-  log_star = np.log(np.where(avail, pi_star_np, 1.0))
+  log_star = np.log(np.where(avail, pi_star, 1.0))
 
   def policy(lam):
     logits = np.where(avail, (1 - lam) * log_star + lam * bad, -np.inf)
@@ -160,15 +136,10 @@ def _harness(rng, name, c_target, m_target, p_term, *, num_states, discount, tau
     e = np.exp(logits)
     return e / e.sum(-1, keepdims=True)
 
-  lam = _bisect(lambda x: _np_mismatch(p, policy(x), pi_star_np, mu0, discount, tau),
-                0.0, 4.0, m_target)
-  # The exact answers come from harnax core.
-  sol = solvers.solve_soft_bellman(mdp, pi_ref, tau, tol=1e-12)
-  pi_star = np.asarray(sol.policy)
-
   def mism(x):
     return float(objectives.mismatch(mdp, policy(x), pi_ref, tau, solution=sol))
 
+  lam = _bisect(mism, 0.0, 4.0, m_target)
   pol = policy(lam)
   c = float(objectives.ceiling(mdp, pi_ref, tau, solution=sol))
   m = mism(lam)

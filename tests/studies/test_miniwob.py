@@ -8,16 +8,13 @@ import pytest
 import harnax as hx
 from harnax import harness as hh
 from harnax.envs import miniwob as mw
-from harnax.envs.miniwob import policy as pl
-from harnax.envs.miniwob import study as st
+from harnax.envs.miniwob import features as fe
+from harnax.studies import miniwob as st
 
 TAU = 0.1
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _x64():
-  with jax.enable_x64(True):
-    yield
+pytestmark = pytest.mark.x64
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +28,7 @@ def option_study():
 def _unpadded_scores(theta, compiled):
   """C, J, M of the model on one instance through the harness layer, no padding."""
   h = compiled.harness
-  logp = jax.nn.log_softmax(jnp.asarray(pl.harness_features(compiled)) @ theta, axis=-1)
+  logp = jax.nn.log_softmax(jnp.asarray(fe.harness_features(compiled)) @ theta, axis=-1)
   policy = hh.semantic_policy(h, logp, invalid="noop")
   c = hx.ceiling(h.mdp, h.pi_ref, TAU)
   j = hx.evaluate_policy(h.mdp, policy, h.pi_ref, TAU).value
@@ -43,7 +40,7 @@ def test_padding_changes_nothing():
   tasks = [mw.CheckboxesTask(labels=("ab", "cd"), targets=(True, True)),
            mw.CheckboxesTask(labels=("ab", "cd", "ef"), targets=(False, True, True))]
   compiled = [mw.compile_harness(t, "H1") for t in tasks]
-  theta = jax.random.normal(jax.random.key(0), (pl.NUM_FEATURES,), jnp.float64)
+  theta = jax.random.normal(jax.random.key(0), (fe.NUM_FEATURES,), jnp.float64)
   shape = tuple(x + 3 for x in st.batch_shape(compiled))  # pad beyond the largest
   scores = st.evaluate_model(theta, st.pad_batch(compiled, shape), TAU)
   for k, c in enumerate(compiled):
@@ -91,29 +88,6 @@ def test_frozen_cell_matches_the_unpadded_reference(option_study):
   refs = np.array([_unpadded_scores(theta, mw.compile_harness(t, "H2")) for t in test])
   np.testing.assert_allclose([s.frozen.ceiling[0, 2], s.frozen.value[0, 2],
                               s.frozen.mismatch[0, 2]], refs.mean(0), atol=1e-6)
-
-
-def test_features_read_positions_and_sum_over_batches():
-  task = mw.CheckboxesTask(labels=("ab", "cd", "ef"), targets=(True, False, True))
-  c = mw.compile_harness(task, "H1")
-  flip = mw.compile_harness(task, "H1", reverse_fields=True)
-  text, text_r = c.observation(0), flip.observation(0)
-  one = pl.text_features(text, "click [1]")
-  assert not np.array_equal(one, pl.text_features(text_r, "click [1]"))  # position moved
-  np.testing.assert_array_equal(pl.text_features(text, "wait"),
-                                pl.text_features(text_r, "wait"))
-  pair = pl.text_features(text, "click [1] [3]")
-  single = one + pl.text_features(text, "click [3]")
-  diff = pair - single
-  assert diff.sum() == 1.0 and diff[pl._BATCH] == 1.0
-  assert pl.text_features(text, "click [0]")[pl._UNKNOWN] == 1.0
-  assert pl.text_features(text, "scroll down")[pl._SCROLL] == 1.0
-  # The check note is read: a passing check lights a different Submit feature.
-  h2 = mw.compile_harness(task, "H2")
-  submit = "click [4]"
-  fail = pl.text_features(h2.observation(h2.state_of(0)), submit)
-  ok = pl.text_features(h2.observation(h2.state_of(0b101)), submit)
-  assert not np.array_equal(fail[pl._FINISH:pl._BATCH], ok[pl._FINISH:pl._BATCH])
 
 
 def test_bad_input():

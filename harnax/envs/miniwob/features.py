@@ -41,6 +41,22 @@ _UNKNOWN = _SCROLL + 1
 NUM_FEATURES = _UNKNOWN + 1
 """Feature dimension D."""
 
+
+def _feature_names() -> tuple[str, ...]:
+  names = [f"line {pos}, {'in task' if in_task else 'not in task'}, status {status}"
+           for pos in range(NUM_POSITIONS) for in_task in (0, 1)
+           for status in ("none", "on", "off")]
+  names += [f"kind {k}" for k in KINDS]
+  names += [f"finish, check {c}, verify {v}" for c in _NOTE for v in _NOTE]
+  names += ["batch", "unseen element in batch", "wait"]
+  names += [f"verify, note {v}" for v in _NOTE]
+  names += ["unparsed output", "unknown element"]
+  return tuple(names)
+
+
+FEATURE_NAMES = _feature_names()
+"""What each of the D features indicates, `FEATURE_NAMES[i]` for feature i."""
+
 _ELEMENT = re.compile(r'\[(\d+)\]: (\w+) "(.*)"(?: \((\w+)\))?')
 _CLICK = re.compile(r"click((?: \[\d+\])+)")
 

@@ -1,0 +1,61 @@
+"""Writing a study's results: markdown, JSON metrics and the config, side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+Log = Callable[[str], None]
+
+
+def stderr_log(line: str) -> None:
+  """A progress line on standard error (stdout stays the report)."""
+  print(line, file=sys.stderr, flush=True)
+
+
+def to_json(x: Any) -> Any:
+  """Arrays and NumPy scalars as plain lists and numbers, recursively."""
+  if isinstance(x, dict):
+    return {str(k): to_json(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [to_json(v) for v in x]
+  if isinstance(x, (np.ndarray, np.generic)) or hasattr(x, "__array__"):
+    return np.asarray(x).tolist()
+  return x
+
+
+def write_results(output_dir: str, *, report: dict[str, str], metrics: dict | None = None,
+                  config=None) -> list[str]:
+  """Writes `report` ({file name: text}), `metrics.json` and `config.json` to `output_dir`.
+
+  Args:
+    output_dir: created if missing.
+    report: text files to write, e.g. `{"report.md": text}`.
+    metrics: a JSON-serializable dict (arrays allowed: see `to_json`), or None.
+    config: an `ml_collections.ConfigDict` saved beside the results, or None.
+
+  Returns:
+    The paths written.
+  """
+  os.makedirs(output_dir, exist_ok=True)
+  written = []
+  for name, text in report.items():
+    path = os.path.join(output_dir, name)
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    written.append(path)
+  if metrics is not None:
+    path = os.path.join(output_dir, "metrics.json")
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(to_json(metrics), f, indent=1)
+    written.append(path)
+  if config is not None:
+    path = os.path.join(output_dir, "config.json")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(config.to_json_best_effort(indent=1))
+    written.append(path)
+  return written
