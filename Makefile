@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
-# Test workers: one per core by default (CI has 2).
+# pytest-xdist workers: 2, the core count of CI; `make test WORKERS=8` on a bigger machine.
 WORKERS ?= 2
 
-.PHONY: demo test bench study clean browser
+.PHONY: demo test lint bench study clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,11 @@ browser:
 demo: $(VENV)/.demo-installed
 	$(PY) scripts/demo.py --config=configs/demo.py
 
-test: $(VENV)/.test-installed browser
+# Lint first (ruff: pycodestyle, pyflakes, import order; config in pyproject.toml), then tests.
+lint: $(VENV)/.test-installed
+	$(VENV)/bin/ruff check harnax tests scripts benchmarks configs
+
+test: lint browser
 	$(PY) -m pytest -n $(WORKERS) tests
 
 # The tabular MiniWoB++ study across harnesses H0-H5 (docs/harnesses.md).

@@ -13,7 +13,7 @@ A harness fixes three things (docs/harnesses.md):
   before the page, as a harness's tool description precedes the observation
   in a prompt, so a harness with more notes also moves the element lines.
 
-The additions of seed 000 (H1–H4 add one each; H5 has all four):
+The additions of the harness-transfer study (H1–H4 add one each; H5 has all four):
 
 | harness | addition | changes |
 |---|---|---|
@@ -25,7 +25,7 @@ The additions of seed 000 (H1–H4 add one each; H5 has all four):
 | H5 | H1 + H2 + H3 + H4 | execution |
 
 `reverse_fields=True` reverses the order of all observation fields (the
-representation-only change of seed 000); it leaves the MDP untouched.
+representation-only change of the harness-transfer study); it leaves the MDP untouched.
 
 Every harness of a task instance shares one set of candidate outputs (the
 strings a model may emit): `wait`, `click [k]` per element, the batch commands,
@@ -53,7 +53,7 @@ _ADDED = {"H0": (), "H1": ("batch",), "H2": ("check",), "H3": ("verify",),
 FIELD_GROUPS = ("task", "notes", "elements")
 SWAPS = (("H0", "H1"), ("H0", "H2"), ("H0", "H3"), ("H0", "H4"), ("H0", "H5"),
          ("H1", "H5"), ("H2", "H5"), ("H3", "H5"), ("H4", "H5"))
-"""The nine swaps of seed 000: each addition on its own, and each single
+"""The nine swaps of the harness-transfer study: each addition on its own, and each single
 addition to the full harness."""
 
 WAIT = 0

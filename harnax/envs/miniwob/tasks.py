@@ -457,7 +457,7 @@ def sample_task(family: str, seed: int) -> Task:
 
 def task_split(family: str, num_train: int, num_test: int, *, seed: int = 0
                ) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
-  """Disjoint train / held-out task instances (seed 000 evaluates held-out tasks).
+  """Disjoint train / held-out task instances (the harness-transfer study evaluates held-out tasks).
 
   Instances are drawn from seeds `seed, seed + 1, ...`; one equal to an earlier
   instance (same page) is skipped, so no held-out page appears in training.
