@@ -5,6 +5,21 @@ with `jax.vmap` and shard them with a `jax.sharding.Mesh`. Subpackages:
 `harnax.core` (exact tabular core), `harnax.harness` (interfaces, readout,
 transfer decomposition, swap analysis), `harnax.estimate` (deployment estimators),
 `harnax.models` (Flax NNX LLM ports), `harnax.parallel` (meshes, sharding).
+
+One argument rule, everywhere in core, harness and estimate:
+
+* a random key (`jax.random` key, or a `numpy.random.Generator` for the Python
+  samplers) comes first;
+* then the problem, positional: the MDP (or harness), the policy, `pi_ref`,
+  `tau` (for estimators also `pi_star`). `tau` is positional wherever it
+  defines the regularized problem; it may still be passed by keyword;
+* every option (sizes, sample counts, tolerances, methods, precomputed
+  solutions) is keyword-only.
+
+  hx.evaluate_policy(mdp, policy, pi_ref, tau, rtol=1e-6)
+  hx.rollout(key, mdp, policy, num_envs=64, num_steps=100)
+  estimate.estimate_mismatch(key, mdp, policy, pi_star, tau, num_states=256,
+                             num_action_samples=8)
 """
 
 from harnax import _xla_flags
@@ -42,8 +57,12 @@ from harnax.core.objectives import ceiling
 from harnax.core.objectives import centered_scores
 from harnax.core.objectives import mismatch
 from harnax.core.objectives import mismatch_per_state
-from harnax.core.objectives import readout_scores
 from harnax.core.objectives import regularized_return
+from harnax.core.sampling import Rollout
+from harnax.core.sampling import absorbing_states
+from harnax.core.sampling import reset
+from harnax.core.sampling import rollout
+from harnax.core.sampling import step
 from harnax.core.solvers import HardBellmanSolution
 from harnax.core.solvers import SoftBellmanSolution
 from harnax.core.solvers import solve_hard_bellman
@@ -83,8 +102,12 @@ __all__ = [
     "centered_scores",
     "mismatch",
     "mismatch_per_state",
-    "readout_scores",
     "regularized_return",
+    "Rollout",
+    "absorbing_states",
+    "reset",
+    "rollout",
+    "step",
     "HardBellmanSolution",
     "SoftBellmanSolution",
     "solve_hard_bellman",

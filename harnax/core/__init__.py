@@ -1,4 +1,9 @@
-"""Exact tabular core: MDPs, soft-Bellman solvers, evaluation, ceiling/mismatch, gradients."""
+"""Exact tabular core: MDPs, soft-Bellman solvers, evaluation, ceiling/mismatch, gradients.
+
+Also the pieces the upper layers share: sampling of an MDP (`reset`, `step`,
+`rollout`), input checks (`validation`) and the validated pytree containers
+(`pytree`).
+"""
 
 from harnax.core.bellman import action_scores
 from harnax.core.bellman import hard_bellman_operator
@@ -31,8 +36,12 @@ from harnax.core.objectives import ceiling
 from harnax.core.objectives import centered_scores
 from harnax.core.objectives import mismatch
 from harnax.core.objectives import mismatch_per_state
-from harnax.core.objectives import readout_scores
 from harnax.core.objectives import regularized_return
+from harnax.core.sampling import Rollout
+from harnax.core.sampling import absorbing_states
+from harnax.core.sampling import reset
+from harnax.core.sampling import rollout
+from harnax.core.sampling import step
 from harnax.core.solvers import HardBellmanSolution
 from harnax.core.solvers import SoftBellmanSolution
 from harnax.core.solvers import solve_hard_bellman

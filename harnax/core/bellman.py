@@ -1,7 +1,7 @@
 """The KL-regularized (soft) Bellman operator and the quantities built from it.
 
 With reference policy `pi_ref` (zeros mark unavailable actions) and temperature
-`tau > 0` (DESIGN.md §1):
+`tau > 0` (docs/theory.md):
 
   Q(s, a) = r(s, a) + gamma * sum_s' P(s'|s, a) V(s')
   (T V)(s) = tau * log sum_a pi_ref(a|s) exp(Q(s, a) / tau)
@@ -29,15 +29,14 @@ def available(pi_ref: Array) -> Array:
   return pi_ref > 0
 
 
-def log_reference(pi_ref: Array) -> Array:
-  """`log pi_ref` with `-inf` at unavailable actions and finite gradients.
+def safe_log(probs: Array) -> Array:
+  """`log p` with `-inf` where `p == 0` and finite gradients, any shape.
 
-  The inner `where` keeps `log` away from 0 so that gradients w.r.t. `pi_ref`
-  are 0 (not NaN) at unavailable actions.
+  The inner `where` keeps `log` away from 0 so that gradients w.r.t. `p` are 0
+  (not NaN) at zero entries (e.g. the unavailable actions of `pi_ref`).
   """
-  avail = available(pi_ref)
-  safe = jnp.where(avail, pi_ref, 1.0)
-  return jnp.where(avail, jnp.log(safe), -jnp.inf)
+  pos = probs > 0
+  return jnp.where(pos, jnp.log(jnp.where(pos, probs, 1.0)), -jnp.inf)
 
 
 def q_values(mdp: mdp_lib.AnyMDP, values: Array) -> Array:
@@ -48,20 +47,20 @@ def q_values(mdp: mdp_lib.AnyMDP, values: Array) -> Array:
 def action_scores(q: Array, pi_ref: Array, tau) -> Array:
   """`F = Q + tau log pi_ref`, `-inf` where unavailable. `[S, A]`."""
   avail = available(pi_ref)
-  return jnp.where(avail, q + tau * jnp.where(avail, log_reference(pi_ref), 0.0), -jnp.inf)
+  return jnp.where(avail, q + tau * jnp.where(avail, safe_log(pi_ref), 0.0), -jnp.inf)
 
 
 def soft_value(q: Array, pi_ref: Array, tau) -> Array:
   """`tau log sum_a pi_ref exp(Q / tau)`, `[S, A]` -> `[S]`."""
   avail = available(pi_ref)
-  logits = jnp.where(avail, q / tau + log_reference(pi_ref), -jnp.inf)
+  logits = jnp.where(avail, q / tau + safe_log(pi_ref), -jnp.inf)
   return tau * jax.nn.logsumexp(logits, axis=-1)
 
 
 def soft_policy(q: Array, pi_ref: Array, tau) -> Array:
   """`pi ∝ pi_ref exp(Q / tau)`: exact zeros at unavailable actions. `[S, A]`."""
   avail = available(pi_ref)
-  logits = jnp.where(avail, q / tau + log_reference(pi_ref), -jnp.inf)
+  logits = jnp.where(avail, q / tau + safe_log(pi_ref), -jnp.inf)
   return jax.nn.softmax(logits, axis=-1)
 
 
@@ -76,29 +75,31 @@ def hard_bellman_operator(mdp: mdp_lib.AnyMDP, values: Array, pi_ref: Array) -> 
   return jnp.max(jnp.where(available(pi_ref), q, -jnp.inf), axis=-1)
 
 
-def kl_terms(policy: Array, pi_ref: Array) -> Array:
-  """Per-state `KL(pi(.|s) || pi_ref(.|s)) = sum_a pi log(pi / pi_ref)`, `[S]`.
+def log_ratio(p: Array, q: Array) -> Array:
+  """`log(p / q)` where `p > 0`, else 0; `[..., A]`.
 
-  Terms with `pi(a|s) = 0` are 0 (and have zero gradient); mass on an action
-  with `pi_ref = 0` gives `+inf`, the mathematically right answer.
+  Masked before any product: `0 * inf` in the untaken branch would poison
+  gradients. Where `p > 0` and `q == 0` it is `+inf`.
   """
-  pos = policy > 0
-  safe_pi = jnp.where(pos, policy, 1.0)
-  # Mask before multiplying: 0 * inf in the untaken branch would poison gradients.
-  log_ratio = jnp.where(pos, jnp.log(safe_pi) - log_reference(pi_ref), 0.0)
-  return jnp.sum(policy * log_ratio, axis=-1)
+  pos = p > 0
+  return jnp.where(pos, safe_log(p) - jnp.where(pos, safe_log(q), 0.0), 0.0)
 
 
 def kl_between(p: Array, q: Array) -> Array:
-  """Per-state `KL(p(.|s) || q(.|s))`, `[S, A]` x `[S, A]` -> `[S]`."""
-  return kl_terms(p, q)
+  """Per-row `KL(p || q) = sum_a p log(p / q)`, `[..., A]` x `[..., A]` -> `[...]`.
+
+  Terms with `p(a) = 0` are 0 (and have zero gradient); mass on an action
+  with `q = 0` gives `+inf`, the mathematically right answer.
+  """
+  return jnp.sum(p * log_ratio(p, q), axis=-1)
 
 
 def centered(scores: Array, mask: Array) -> Array:
   """Subtracts the per-state mean over available actions; 0 elsewhere.
 
-  Readout scores are defined up to a per-state constant, so they are always
-  compared centred (DESIGN.md §1).
+  Scores are defined up to a per-state constant, so they are always compared
+  centred. Entries outside `mask` never enter the mean (they may be `-inf`).
+  `[S, A]` -> `[S, A]`.
   """
   count = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True), 1)
   safe = jnp.where(mask, scores, 0.0)

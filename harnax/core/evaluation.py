@@ -7,7 +7,8 @@
 Dense MDPs solve exactly (LU); sparse ones iteratively (see `linear.py`): a
 certified Anderson iteration for `V^pi`, GMRES for the transposed system `d^pi`.
 Everything is differentiable in the policy and the MDP, which is what makes
-`policy_gradient` exact.
+`policy_gradient` exact. Both entry points validate only shapes on traced
+inputs, so they serve unchanged inside `jit`, `vmap` and `grad`.
 """
 
 from __future__ import annotations
@@ -41,20 +42,17 @@ class PolicyEvaluation(NamedTuple):
 
 
 def check_policy_inputs(mdp, policy, pi_ref, tau=None):
-  """Validates the public entry points that take a policy."""
-  mdp_lib.check_mdp(mdp)
-  if mdp.rewards.ndim != 2:
-    raise ValueError(
-        f"mdp: expected one MDP (rewards [S, A]); got batch shape "
-        f"{tuple(mdp.rewards.shape[:-2])} — map over the batch with jax.vmap")
+  """Validates `(mdp, policy, pi_ref, tau)` of a public entry point.
+
+  Returns:
+    `[policy, pi_ref]` (and `tau` when given) as float arrays of the MDP's dtype.
+  """
+  mdp_lib.check_single_mdp(mdp)
   s, a = mdp.num_states, mdp.num_actions
   val.check_reference_policy(pi_ref, s, a)
   val.check_policy(policy, pi_ref, s, a)
   if tau is not None:
-    val.check_temperature(tau)
-    if jnp.ndim(tau) != 0:
-      raise ValueError(f"tau: expected a scalar (vmap over a batch), got shape "
-                       f"{list(jnp.shape(tau))}")
+    val.check_temperature(tau, scalar=True)
   dtype = mdp.rewards.dtype
   out = [val.as_float_array("policy", policy, dtype), val.as_float_array("pi_ref", pi_ref, dtype)]
   if tau is not None:
@@ -64,7 +62,7 @@ def check_policy_inputs(mdp, policy, pi_ref, tau=None):
 
 def regularized_reward(mdp: mdp_lib.AnyMDP, policy: Array, pi_ref: Array, tau) -> Array:
   """`c_pi(s) = sum_a pi r - tau KL(pi || pi_ref)`, `[S]`."""
-  return jnp.sum(policy * mdp.rewards, axis=-1) - tau * bellman.kl_terms(policy, pi_ref)
+  return jnp.sum(policy * mdp.rewards, axis=-1) - tau * bellman.kl_between(policy, pi_ref)
 
 
 @functools.partial(jax.jit, static_argnums=(4,))
@@ -110,8 +108,7 @@ def occupancy(mdp: mdp_lib.AnyMDP, policy, *, rtol: float | None = None) -> Arra
   Returns:
     `[S]`, non-negative, sums to 1.
   """
-  mdp_lib.check_mdp(mdp)
-  val.check_shape("policy", policy, (mdp.num_states, mdp.num_actions),
-                  "[num_states, num_actions]")
-  val.check_distribution("policy", policy)
-  return _occupancy(mdp, val.as_float_array("policy", policy, mdp.rewards.dtype), rtol)
+  mdp_lib.check_single_mdp(mdp)
+  policy = val.check_policy_array("policy", policy, mdp.num_states, mdp.num_actions,
+                                  mdp.rewards.dtype)
+  return _occupancy(mdp, policy, rtol)

@@ -77,7 +77,7 @@ def random_deterministic_mdp(key, num_states: int, num_actions: int,
   return random_sparse_mdp(key, num_states, num_actions, 1, **kwargs)
 
 
-def uniform_reference(num_states: int, num_actions: int, dtype=None) -> Array:
+def uniform_reference(num_states: int, num_actions: int, *, dtype=None) -> Array:
   """`pi_ref(a|s) = 1/A` everywhere, `[S, A]`."""
   dtype = _dtype(dtype)
   return jnp.full((num_states, num_actions), 1.0 / num_actions, dtype)

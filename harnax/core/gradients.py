@@ -41,8 +41,8 @@ def softmax_policy(logits: Array, pi_ref: Array) -> Array:
   return jax.nn.softmax(jnp.where(avail, logits, -jnp.inf), axis=-1)
 
 
-def policy_gradient(mdp, params, policy_fn: PolicyFn, pi_ref, tau):
-  """`(J, dJ/dparams)` by differentiating the exact evaluation.
+def policy_gradient(mdp, params, policy_fn: PolicyFn, pi_ref, tau) -> tuple[Array, Any]:
+  """`(J, dJ/dparams)` by differentiating the exact evaluation (`jax.grad`).
 
   Args:
     mdp: one MDP.
@@ -58,16 +58,10 @@ def policy_gradient(mdp, params, policy_fn: PolicyFn, pi_ref, tau):
   _, pi_ref, tau = evaluation.check_policy_inputs(mdp, policy0, pi_ref, tau)
 
   def objective(p):
-    return evaluation._evaluate(mdp, policy_fn(p), pi_ref, tau).value
+    # Under grad the policy is traced: evaluate_policy checks only its shape.
+    return evaluation.evaluate_policy(mdp, policy_fn(p), pi_ref, tau).value
 
   return jax.value_and_grad(objective)(params)
-
-
-def _log_ratio(policy, pi_ref):
-  """`log(pi / pi_ref)` where `pi > 0`, else 0 (masked before use: no NaN gradients)."""
-  pos = policy > 0
-  return jnp.where(pos, jnp.log(jnp.where(pos, policy, 1.0))
-                   - jnp.where(pos, bellman.log_reference(pi_ref), 0.0), 0.0)
 
 
 def policy_gradient_theorem(mdp, policy, pi_ref, tau) -> Array:
@@ -77,24 +71,29 @@ def policy_gradient_theorem(mdp, policy, pi_ref, tau) -> Array:
   `pi(a|s) = 0` are 0 (the theorem needs pi > 0 on the actions it moves).
   """
   policy, pi_ref, tau = evaluation.check_policy_inputs(mdp, policy, pi_ref, tau)
-  return _theorem(mdp, policy, pi_ref, tau)
+  return _theorem(mdp, policy, pi_ref, tau)[1]
 
 
 def _theorem(mdp, policy, pi_ref, tau):
-  ev = evaluation._evaluate(mdp, policy, pi_ref, tau)
-  d = evaluation._occupancy(mdp, policy)
-  pos = policy > 0
-  log_ratio = _log_ratio(policy, pi_ref)
-  adv = ev.q - tau * log_ratio
-  return jnp.where(pos, d[:, None] / (1.0 - mdp.discount) * adv, 0.0)
+  """`(J, dJ/dpi)` for validated inputs."""
+  ev = evaluation.evaluate_policy(mdp, policy, pi_ref, tau)
+  d = evaluation.occupancy(mdp, policy)
+  adv = ev.q - tau * bellman.log_ratio(policy, pi_ref)
+  return ev.value, jnp.where(policy > 0, d[:, None] / (1.0 - mdp.discount) * adv, 0.0)
 
 
-def analytic_policy_gradient(mdp, params, policy_fn: PolicyFn, pi_ref, tau):
-  """`dJ/dparams` from the theorem, chained through `policy_fn` by a VJP."""
+def analytic_policy_gradient(mdp, params, policy_fn: PolicyFn, pi_ref,
+                             tau) -> tuple[Array, Any]:
+  """`(J, dJ/dparams)` from the theorem, chained through `policy_fn` by a VJP.
+
+  Same arguments and result as `policy_gradient`; no autodiff through the
+  evaluation (only through `policy_fn`).
+  """
   policy, vjp = jax.vjp(policy_fn, params)
   _, pi_ref, tau = evaluation.check_policy_inputs(mdp, policy, pi_ref, tau)
-  (grads,) = vjp(_theorem(mdp, policy, pi_ref, tau))
-  return grads
+  value, dpi = _theorem(mdp, policy, pi_ref, tau)
+  (grads,) = vjp(dpi)
+  return value, grads
 
 
 def softmax_policy_gradient(mdp, logits, pi_ref, tau) -> Array:
@@ -102,9 +101,7 @@ def softmax_policy_gradient(mdp, logits, pi_ref, tau) -> Array:
   `d(s)/(1-gamma) pi (Q - tau log(pi/pi_ref) - V)`, `[S, A]`."""
   policy = softmax_policy(logits, pi_ref)
   policy, pi_ref, tau = evaluation.check_policy_inputs(mdp, policy, pi_ref, tau)
-  ev = evaluation._evaluate(mdp, policy, pi_ref, tau)
-  d = evaluation._occupancy(mdp, policy)
-  pos = policy > 0
-  log_ratio = _log_ratio(policy, pi_ref)
-  adv = ev.q - tau * log_ratio - ev.v[:, None]
-  return jnp.where(pos, d[:, None] / (1.0 - mdp.discount) * policy * adv, 0.0)
+  ev = evaluation.evaluate_policy(mdp, policy, pi_ref, tau)
+  d = evaluation.occupancy(mdp, policy)
+  adv = ev.q - tau * bellman.log_ratio(policy, pi_ref) - ev.v[:, None]
+  return jnp.where(policy > 0, d[:, None] / (1.0 - mdp.discount) * policy * adv, 0.0)

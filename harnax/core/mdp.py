@@ -1,12 +1,12 @@
 """Finite MDP containers, dense and sparse, and the transition products on them.
 
-Conventions (DESIGN.md §1): `P[s, a, s']`, `r[s, a]`, `0 <= gamma < 1`,
+Conventions (docs/theory.md): `P[s, a, s']`, `r[s, a]`, `0 <= gamma < 1`,
 `mu0[s]`. Terminal states are ordinary states with a self-loop and zero reward.
 
-Both containers are pytrees. Construction validates (shapes always; values when
-concrete) and raises `ValueError` naming the field. Rebuilding from leaves —
-as `jit`, `vmap` and `tree_map` do — skips validation, so the containers carry
-tracers and `in_axes` specs freely.
+Both containers are pytrees (`pytree.container`). Construction validates
+(shapes always; values when concrete) and raises `ValueError` naming the field.
+Rebuilding from leaves — as `jit`, `vmap` and `tree_map` do — skips validation,
+so the containers carry tracers and `in_axes` specs freely.
 
 A *batch* of MDPs is the same container with leading batch axes on every leaf
 (`transitions [B, S, A, S]`, `rewards [B, S, A]`, `discount [B]`,
@@ -18,37 +18,16 @@ matrix-vector product into one matrix product.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harnax.core import pytree
 from harnax.core import validation as val
 
 Array = jax.Array
-
-
-def _register(cls):
-  """Registers a dataclass as a pytree whose unflatten bypasses `__init__`."""
-  names = tuple(f.name for f in dataclasses.fields(cls))
-
-  def flatten_with_keys(obj):
-    return [(jax.tree_util.GetAttrKey(n), getattr(obj, n)) for n in names], None
-
-  def flatten(obj):
-    return [getattr(obj, n) for n in names], None
-
-  def unflatten(_, leaves):
-    obj = object.__new__(cls)
-    for n, leaf in zip(names, leaves):
-      object.__setattr__(obj, n, leaf)
-    return obj
-
-  jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
-  cls._from_leaves = classmethod(lambda c, **kw: unflatten(None, [kw[n] for n in names]))
-  return cls
 
 
 def _validate_common(kernel_name, kernel, rewards, discount, initial, batch, s, a):
@@ -64,13 +43,7 @@ def _validate_common(kernel_name, kernel, rewards, discount, initial, batch, s, 
   val.check_discount(discount)
 
 
-def _set_fields(obj, **fields):
-  for name, value in fields.items():
-    object.__setattr__(obj, name, value)
-
-
-@_register
-@dataclasses.dataclass(frozen=True, init=False, repr=False, eq=False)
+@pytree.container
 class TabularMDP:
   """A finite MDP with dense transitions.
 
@@ -102,15 +75,15 @@ class TabularMDP:
       raise ValueError(f"transitions: expected shape [S, A, S] with equal state axes, got "
                        f"{list(transitions.shape)}")
     _validate_common("transitions", transitions, rewards, discount, initial, batch, s, a)
-    _set_fields(self, transitions=transitions, rewards=rewards, discount=discount,
+    pytree.set_fields(self, transitions=transitions, rewards=rewards, discount=discount,
                 initial=initial)
 
   @classmethod
   def axes(cls, *, transitions: Any = 0, rewards: Any = 0, discount: Any = 0,
            initial: Any = 0) -> "TabularMDP":
     """An `in_axes` spec for `jax.vmap` (e.g. `transitions=None` to share P)."""
-    return cls._from_leaves(transitions=transitions, rewards=rewards, discount=discount,
-                            initial=initial)
+    return pytree.unvalidated(cls, transitions=transitions, rewards=rewards, discount=discount,
+                              initial=initial)
 
   @property
   def num_states(self) -> int:
@@ -120,20 +93,12 @@ class TabularMDP:
   def num_actions(self) -> int:
     return self.rewards.shape[-1]
 
-  def replace(self, **changes) -> "TabularMDP":
-    """A validated copy with some fields changed."""
-    fields = dict(transitions=self.transitions, rewards=self.rewards,
-                  discount=self.discount, initial=self.initial)
-    fields.update(changes)
-    return TabularMDP(**fields)
-
   def __repr__(self):
     return (f"TabularMDP(S={self.num_states}, A={self.num_actions}, "
             f"dtype={self.rewards.dtype}, batch={tuple(self.rewards.shape[:-2])})")
 
 
-@_register
-@dataclasses.dataclass(frozen=True, init=False, repr=False, eq=False)
+@pytree.container
 class SparseTabularMDP:
   """A finite MDP with K successors per state-action (K = 1: deterministic).
 
@@ -182,15 +147,15 @@ class SparseTabularMDP:
           f"successors: expected state indices in [0, {s}), found {int(succ[tuple(bad)])} at "
           f"index {tuple(int(i) for i in bad)}")
     _validate_common("probabilities", probabilities, rewards, discount, initial, batch, s, a)
-    _set_fields(self, successors=successors, probabilities=probabilities, rewards=rewards,
+    pytree.set_fields(self, successors=successors, probabilities=probabilities, rewards=rewards,
                 discount=discount, initial=initial)
 
   @classmethod
   def axes(cls, *, successors: Any = 0, probabilities: Any = 0, rewards: Any = 0,
            discount: Any = 0, initial: Any = 0) -> "SparseTabularMDP":
     """An `in_axes` spec for `jax.vmap`."""
-    return cls._from_leaves(successors=successors, probabilities=probabilities,
-                            rewards=rewards, discount=discount, initial=initial)
+    return pytree.unvalidated(cls, successors=successors, probabilities=probabilities,
+                              rewards=rewards, discount=discount, initial=initial)
 
   @property
   def num_states(self) -> int:
@@ -203,12 +168,6 @@ class SparseTabularMDP:
   @property
   def num_successors(self) -> int:
     return self.successors.shape[-1]
-
-  def replace(self, **changes) -> "SparseTabularMDP":
-    fields = dict(successors=self.successors, probabilities=self.probabilities,
-                  rewards=self.rewards, discount=self.discount, initial=self.initial)
-    fields.update(changes)
-    return SparseTabularMDP(**fields)
 
   def __repr__(self):
     return (f"SparseTabularMDP(S={self.num_states}, A={self.num_actions}, "
@@ -279,11 +238,12 @@ def to_dense(mdp: AnyMDP) -> TabularMDP:
   cols = jnp.arange(a)[None, :, None]
   p = jnp.zeros((s, a, s), mdp.probabilities.dtype).at[rows, cols, mdp.successors].add(
       mdp.probabilities)
-  return TabularMDP._from_leaves(transitions=p, rewards=mdp.rewards, discount=mdp.discount,
-                                 initial=mdp.initial)
+  # The dense form of a validated MDP is valid; rebuilding it skips the host checks.
+  return pytree.unvalidated(TabularMDP, transitions=p, rewards=mdp.rewards,
+                            discount=mdp.discount, initial=mdp.initial)
 
 
-def to_sparse(mdp: TabularMDP, num_successors: int | None = None) -> SparseTabularMDP:
+def to_sparse(mdp: TabularMDP, *, num_successors: int | None = None) -> SparseTabularMDP:
   """The sparse form keeping the `num_successors` largest entries of each row.
 
   With `num_successors=None`, K is the largest row support (exact). A smaller K

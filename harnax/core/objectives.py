@@ -1,4 +1,4 @@
-"""Ceiling, mismatch, regularized return and centred scores (DESIGN.md §1).
+"""Ceiling, mismatch, regularized return and centred scores (docs/theory.md).
 
   C = J(pi*) = mu0^T V*                                   (the harness ceiling)
   M(pi) = tau / (1 - gamma) * sum_s d^pi(s) KL(pi(.|s) || pi*(.|s))
@@ -67,7 +67,7 @@ def mismatch(mdp, policy, pi_ref, tau, *, solution: solvers.SoftBellmanSolution 
   """
   kl = mismatch_per_state(mdp, policy, pi_ref, tau, solution=solution, **solver_options)
   policy, _, tau = evaluation.check_policy_inputs(mdp, policy, pi_ref, tau)
-  d = evaluation._occupancy(mdp, policy)
+  d = evaluation.occupancy(mdp, policy)
   return tau / (1.0 - mdp.discount) * jnp.dot(d, kl)
 
 
@@ -75,18 +75,7 @@ def centered_scores(scores: Array, pi_ref: Array) -> Array:
   """Scores minus their per-state mean over available actions (0 elsewhere).
 
   `F*` and readout scores `tau log Pi_H` are defined up to a per-state constant;
-  compare them centred. `[S, A]` -> `[S, A]`.
+  compare them centred. `[S, A]` -> `[S, A]`. Readout scores of a model seen
+  through a harness: `harnax.harness.readout_scores`.
   """
   return bellman.centered(scores, bellman.available(pi_ref))
-
-
-def readout_scores(policy: Array, pi_ref: Array, tau) -> Array:
-  """Centred readout scores `tau log pi(a|s)` over available actions, `[S, A]`.
-
-  Zero-probability available actions give `-inf` (a policy that never takes an
-  action has no finite score for it).
-  """
-  mask = bellman.available(pi_ref)
-  pos = policy > 0
-  logp = jnp.where(pos, jnp.log(jnp.where(pos, policy, 1.0)), -jnp.inf)
-  return bellman.centered(tau * logp, mask)

@@ -3,8 +3,11 @@
 Shapes are static, so they are checked even under `jit`/`vmap`. Values are
 checked only for concrete arrays (NumPy, or JAX arrays outside a trace): a
 traced value cannot be inspected without a host round trip, and public
-functions document that they propagate NaN instead (DESIGN.md §3).
+functions document that they propagate NaN instead.
 Every failure is a `ValueError` that names the field and what was expected.
+
+The checks on MDP containers (`check_mdp`, `check_single_mdp`) live beside the
+containers in `mdp.py`; this module knows only arrays and numbers.
 """
 
 from __future__ import annotations
@@ -74,8 +77,11 @@ def check_finite(name: str, x: Any) -> None:
         f"{name}: expected finite values, found {v[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
 
 
-def check_temperature(tau: Any) -> None:
-  """τ > 0 and finite (scalar or a batch under vmap)."""
+def check_temperature(tau: Any, *, scalar: bool = False) -> None:
+  """τ > 0 and finite (scalar or a batch under vmap); `scalar=True` also wants rank 0."""
+  if scalar and jnp.ndim(tau) != 0:
+    raise ValueError(f"tau: expected a scalar (vmap over a batch), got shape "
+                     f"{list(jnp.shape(tau))}")
   v = host(tau)
   if v is None:
     return
@@ -143,3 +149,39 @@ def check_policy(policy: Any, pi_ref: Any, num_states: int, num_actions: int,
     raise ValueError(
         f"{name}: puts mass {float(p[s, a]):.3g} on action {a} in state {s}, which pi_ref "
         "marks unavailable (pi_ref[s, a] == 0)")
+
+
+def check_count(name: str, n: Any, minimum: int = 1) -> int:
+  """A Python integer `>= minimum` (a static size: a sample count, a horizon)."""
+  if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+    raise ValueError(f"{name}: expected an integer >= {minimum}, got {n!r}")
+  if n < minimum:
+    raise ValueError(f"{name}: expected an integer >= {minimum}, got {n}")
+  return int(n)
+
+
+def check_index(name: str, x: Any, size: int, what: str) -> jax.Array:
+  """An integer array of `what` indices in `[0, size)`, as int32.
+
+  The dtype is checked always, the range when `x` is concrete.
+  """
+  arr = jnp.asarray(x)
+  if not jnp.issubdtype(arr.dtype, jnp.integer) or arr.dtype == jnp.bool_:
+    raise ValueError(f"{name}: expected integer {what} indices, got dtype {arr.dtype}")
+  v = host(arr)
+  if v is not None and (np.any(v < 0) or np.any(v >= size)):
+    bad = int(v[(v < 0) | (v >= size)].reshape(-1)[0])
+    raise ValueError(f"{name}: expected {what} indices in [0, {size}), got {bad}")
+  return arr.astype(jnp.int32)
+
+
+def check_policy_array(name: str, policy: Any, num_states: int, num_actions: int,
+                       dtype) -> jax.Array:
+  """`[S, A]` rows that are distributions, as a float array of `dtype`.
+
+  Unlike `check_policy`, no reference policy constrains the support (samplers
+  accept any policy of the MDP).
+  """
+  check_shape(name, policy, (num_states, num_actions), "[num_states, num_actions]")
+  check_distribution(name, policy)
+  return as_float_array(name, policy, dtype)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import harnax as hx
+from harnax.core import pytree
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,8 @@ def test_shared_transitions_batch(batch):
   rewards = jax.random.uniform(jax.random.key(2), (5, 10, 3), dtype=base.rewards.dtype)
   refs = jax.vmap(lambda k: hx.random_reference(k, 10, 3, unavailable_fraction=0.3))(
       jax.random.split(jax.random.key(3), 5))
-  shared = hx.TabularMDP._from_leaves(
+  shared = pytree.unvalidated(
+      hx.TabularMDP,
       transitions=base.transitions, rewards=rewards,
       discount=jnp.broadcast_to(base.discount, (5,)),
       initial=jnp.broadcast_to(base.initial, (5, 10)))

@@ -1,5 +1,6 @@
 """Exact policy gradients: autodiff, the policy-gradient theorem, finite differences."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,9 +28,16 @@ def _tabular(pi_ref):
 def test_autodiff_matches_policy_gradient_theorem(problem):
   mdp, p, logits = problem
   with jax.enable_x64(True):
-    _, g_auto = hx.policy_gradient(mdp, logits, _tabular(p["pi_ref"]), p["pi_ref"], 0.3)
-    g_thm = hx.analytic_policy_gradient(mdp, logits, _tabular(p["pi_ref"]), p["pi_ref"], 0.3)
+    j_auto, g_auto = hx.policy_gradient(mdp, logits, _tabular(p["pi_ref"]), p["pi_ref"], 0.3)
+    j_thm, g_thm = hx.analytic_policy_gradient(mdp, logits, _tabular(p["pi_ref"]), p["pi_ref"],
+                                               0.3)
   np.testing.assert_allclose(g_auto, g_thm, atol=1e-9)
+  # Both return the exact return J(pi) first.
+  pol = np.where(p["pi_ref"] > 0, np.exp(logits), 0.0)
+  pol /= pol.sum(-1, keepdims=True)
+  v, _ = ref.evaluate(p["P"], p["r"], 0.9, pol, p["pi_ref"], 0.3)
+  want = float(p["mu0"] @ v)
+  np.testing.assert_allclose([float(j_auto), float(j_thm)], [want, want], rtol=1e-10)
 
 
 def test_softmax_closed_form_matches_autodiff(problem):
@@ -68,9 +76,9 @@ def test_neural_policy_map(problem):
 
   params = {"w": w, "b": jnp.zeros(3)}
   _, g_auto = hx.policy_gradient(mdp, params, policy_fn, p["pi_ref"], 0.3)
-  g_thm = hx.analytic_policy_gradient(mdp, params, policy_fn, p["pi_ref"], 0.3)
-  for k in params:
-    np.testing.assert_allclose(g_auto[k], g_thm[k], atol=1e-9)
+  _, g_thm = hx.analytic_policy_gradient(mdp, params, policy_fn, p["pi_ref"], 0.3)
+  chex.assert_trees_all_equal_shapes(g_thm, params)
+  chex.assert_trees_all_close(g_auto, g_thm, atol=1e-9)
 
 
 def test_gradient_of_mismatch_is_minus_gradient_of_return(problem):

@@ -1,5 +1,6 @@
 """MDP containers: construction, validation at the edge, dense/sparse conversion."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,3 +93,25 @@ def test_rebuilding_from_leaves_skips_validation(prob):
   assert float(doubled.transitions.sum()) == pytest.approx(30.0)
   with pytest.raises(ValueError, match="transitions"):
     doubled.replace()  # an explicit replace validates again
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_containers_rebuild_from_any_leaves_but_validate_when_built(prob, sparse):
+  mdp = hx.to_sparse(_make(prob)) if sparse else _make(prob)
+  leaves, treedef = jax.tree.flatten(mdp)
+  sentinels = [object() for _ in leaves]
+  rebuilt = jax.tree.unflatten(treedef, sentinels)  # what jax.tree_util does internally
+  assert [getattr(rebuilt, f) for f in ("rewards", "discount", "initial")] == sentinels[-3:]
+  # Under jit the fields are tracers; the container passes through unchanged.
+  out = jax.jit(lambda m: m)(mdp)
+  chex.assert_trees_all_close(out, mdp)
+  # The same fields given to the constructor are checked.
+  with pytest.raises(ValueError, match="rewards"):
+    type(mdp)(**{**{k: getattr(mdp, k) for k in _fields(mdp)}, "rewards": prob["r"][:, :2]})
+  with pytest.raises(ValueError, match="replace: TabularMDP has no fields"):
+    _make(prob).replace(gamma=0.5)
+
+
+def _fields(mdp):
+  return [k for k in ("transitions", "successors", "probabilities", "rewards", "discount",
+                      "initial") if hasattr(mdp, k)]
