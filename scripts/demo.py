@@ -9,13 +9,13 @@ import json
 import os
 import time
 
-from absl import app
 from ml_collections import config_flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import harnax as hx
+from harnax.studies import results
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "experiment config")
 
@@ -83,4 +83,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  results.run_script(main)

@@ -6,7 +6,6 @@ Writes `<output_dir>/report.md`, `metrics.json` and `config.json`; the pipeline 
 `harnax.studies.harness_report` (its docstring says what the tables hold).
 """
 
-from absl import app
 from ml_collections import config_flags
 import jax
 
@@ -29,4 +28,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  results.run_script(main)

@@ -12,7 +12,6 @@ and `harnax.studies.miniwob_report`.
 
 import os
 
-from absl import app
 from ml_collections import config_flags
 import jax
 
@@ -40,4 +39,4 @@ def main(argv):
 if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", "configs/miniwob_study.py",
                                             "experiment config")
-  app.run(main)
+  results.run_script(main)

@@ -59,3 +59,21 @@ def write_results(output_dir: str, *, report: dict[str, str], metrics: dict | No
       f.write(config.to_json_best_effort(indent=1))
     written.append(path)
   return written
+
+
+def run_script(main: Callable[[list[str]], None]) -> None:
+  """`absl.app.run(main)` with absl logging at WARNING unless `--verbosity` is given.
+
+  At INFO, JAX reports every accelerator backend it probes and cannot load (TPU, GPU
+  plugins): noise before a CPU run's first line of output.
+  """
+  from absl import app  # noqa: PLC0415  (absl is the scripts' dependency, not the library's)
+  from absl import flags  # noqa: PLC0415
+  from absl import logging  # noqa: PLC0415
+
+  def quiet_main(argv):
+    if not flags.FLAGS["verbosity"].present:
+      logging.set_verbosity("warning")
+    return main(argv)
+
+  app.run(quiet_main)

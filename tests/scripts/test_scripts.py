@@ -24,6 +24,7 @@ def test_demo_script_writes_its_table(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   text = (out / "demo.md").read_text()
   assert "| value_iteration |" in text and "| policy_iteration |" in text
+  assert "Unable to initialize backend" not in proc.stderr, proc.stderr[:2000]
   assert json.loads((out / "config.json").read_text())["num_mdps"] == 4
 
 
