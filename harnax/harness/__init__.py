@@ -21,7 +21,6 @@ from harnax.harness.interface import decode_table_from
 from harnax.harness.interface import encode_fields
 from harnax.harness.readout import DecompositionNorms
 from harnax.harness.readout import TransferDecomposition
-from harnax.harness.readout import centered_over
 from harnax.harness.readout import check_action_map
 from harnax.harness.readout import common_actions
 from harnax.harness.readout import decision_flips
@@ -29,7 +28,7 @@ from harnax.harness.readout import decomposition_norms
 from harnax.harness.readout import harness_transfer_decomposition
 from harnax.harness.readout import identity_action_map
 from harnax.harness.readout import match_actions
-from harnax.harness.readout import readout
+from harnax.harness.readout import readout_scores
 from harnax.harness.readout import score_error
 from harnax.harness.readout import transfer_decomposition
 from harnax.harness.swap import SwapAnalysis
@@ -56,7 +55,6 @@ __all__ = [
     "encode_fields",
     "DecompositionNorms",
     "TransferDecomposition",
-    "centered_over",
     "check_action_map",
     "common_actions",
     "decision_flips",
@@ -64,7 +62,7 @@ __all__ = [
     "harness_transfer_decomposition",
     "identity_action_map",
     "match_actions",
-    "readout",
+    "readout_scores",
     "score_error",
     "transfer_decomposition",
     "SwapAnalysis",

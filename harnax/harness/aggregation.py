@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harnax.core import bellman
 from harnax.core import validation as val
 from harnax.harness import interface
 
@@ -68,7 +69,7 @@ def _check_log_probs(name: str, log_probs: Array, num_states: int, num_outputs: 
                      f"{float(np.exp(total[s])):.6g}), expected 0")
 
 
-def segment_logsumexp(log_values: Array, decode_table: Array, num_actions: int) -> Array:
+def segment_logsumexp(log_values: Array, decode_table: Array, *, num_actions: int) -> Array:
   """Per-state log-sum-exp of output log-values grouped by decoded action.
 
   Args:
@@ -137,7 +138,7 @@ def aggregate_log_probs(output_log_probs, decode_table, *, num_actions: int,
 
 @functools.partial(jax.jit, static_argnames=("num_actions", "invalid", "noop_action"))
 def _aggregate(logp, table, *, num_actions, invalid, noop_action):
-  groups = segment_logsumexp(logp, table, num_actions)
+  groups = segment_logsumexp(logp, table, num_actions=num_actions)
   log_invalid, log_valid = groups[:, 0], groups[:, 1:]
   if invalid == "noop":
     return log_valid.at[:, noop_action].set(jnp.logaddexp(log_valid[:, noop_action], log_invalid))
@@ -153,14 +154,9 @@ def aggregate_probs(output_probs, decode_table, *, num_actions: int,
   """
   probs = val.as_float_array("output_probs", output_probs)
   val.check_distribution("output_probs", probs)
-  return jnp.exp(aggregate_log_probs(_safe_log(probs), decode_table, num_actions=num_actions,
-                                     invalid=invalid, noop_action=noop_action))
-
-
-@jax.jit
-def _safe_log(probs):
-  pos = probs > 0
-  return jnp.where(pos, jnp.log(jnp.where(pos, probs, 1.0)), -jnp.inf)
+  return jnp.exp(aggregate_log_probs(bellman.safe_log(probs), decode_table,
+                                     num_actions=num_actions, invalid=invalid,
+                                     noop_action=noop_action))
 
 
 def semantic_log_policy(harness: interface.TabularHarness, output_log_probs, *,

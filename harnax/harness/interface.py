@@ -1,4 +1,4 @@
-"""Harnesses as interfaces: encode, decode, execute (DESIGN.md §1, seed 000).
+"""Harnesses as interfaces: encode, decode, execute (the harness-transfer study).
 
 A harness sits between an environment and a model. It *encodes* an environment
 state into a model context, *decodes* a model output into a semantic action
@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from harnax.core import mdp as mdp_lib
+from harnax.core import pytree
 from harnax.core import validation as val
 
 Array = jax.Array
@@ -59,8 +60,8 @@ class Interface(NamedTuple):
 class FieldEncoder:
   """`state -> str`: one `name: value` line per observation field, in `order`.
 
-  Reordering fields is the representation-only change of seed 000: the
-  semantic MDP and its optimum are untouched, only the text the model reads
+  Reordering fields is the harness-transfer study's representation-only
+  change: the semantic MDP and its optimum are untouched, only the text the model reads
   moves.
 
   Attributes:
@@ -114,17 +115,14 @@ def encode_fields(encoder: FieldEncoder, state) -> str:
 # The tabular harness.
 # ---------------------------------------------------------------------------
 
-_DATA = ("mdp", "pi_ref", "decode_table")
-_META = ("action_names", "output_names", "noop_action", "encoder", "name")
-
-
+@pytree.container
 class TabularHarness:
   """A harness over a finite set of candidate outputs (a pytree).
 
   Array leaves: `mdp`, `pi_ref`, `decode_table`. Everything else is static
   metadata (hashable), so a harness passes through `jit` and `vmap` (stack the
   leaves of harnesses of one shape to batch them). Construction validates;
-  rebuilding from leaves (as `jit`/`vmap` do) does not.
+  rebuilding from leaves (as `jit`/`vmap` do) does not (`pytree.container`).
 
   Attributes:
     mdp: the executed semantic MDP, `TabularMDP` or `SparseTabularMDP` over the
@@ -144,15 +142,19 @@ class TabularHarness:
     name: a label for tables.
   """
 
-  __slots__ = _DATA + _META
+  mdp: Any
+  pi_ref: Array
+  decode_table: Array
+  action_names: tuple[str, ...] = pytree.field(static=True)
+  output_names: tuple[str, ...] = pytree.field(static=True)
+  noop_action: int | None = pytree.field(static=True)
+  encoder: Callable[[int], Any] | None = pytree.field(static=True)
+  name: str = pytree.field(static=True)
 
   def __init__(self, *, mdp, pi_ref, decode_table, action_names: Sequence[str] | None = None,
                output_names: Sequence[str] | None = None, noop_action: int | None = None,
                encoder: Callable[[int], Any] | None = None, name: str = "H"):
-    mdp_lib.check_mdp(mdp)
-    if mdp.rewards.ndim != 2:
-      raise ValueError("mdp: expected one MDP (rewards [S, A]); build batches of harnesses "
-                       "by stacking validated ones")
+    mdp_lib.check_single_mdp(mdp)
     s, a = mdp.num_states, mdp.num_actions
     val.check_reference_policy(pi_ref, s, a)
     pi_ref = val.as_float_array("pi_ref", pi_ref, mdp.rewards.dtype)
@@ -176,12 +178,9 @@ class TabularHarness:
     if encoder is not None and not callable(encoder):
       raise ValueError(f"encoder: expected a callable state -> context, got "
                        f"{type(encoder).__name__}")
-    for field, value in zip(_DATA + _META, (mdp, pi_ref, decode_table, action_names,
-                                            output_names, noop_action, encoder, str(name))):
-      object.__setattr__(self, field, value)
-
-  def __setattr__(self, name, value):
-    raise AttributeError("TabularHarness is immutable; use .replace(...)")
+    pytree.set_fields(self, mdp=mdp, pi_ref=pi_ref, decode_table=decode_table,
+                      action_names=action_names, output_names=output_names,
+                      noop_action=noop_action, encoder=encoder, name=str(name))
 
   @property
   def num_states(self) -> int:
@@ -195,12 +194,6 @@ class TabularHarness:
   def num_outputs(self) -> int:
     return self.decode_table.shape[-1]
 
-  def replace(self, **changes) -> "TabularHarness":
-    """A validated copy with some fields changed."""
-    fields = {f: getattr(self, f) for f in _DATA + _META}
-    fields.update(changes)
-    return TabularHarness(**fields)
-
   def encode(self, state):
     """The model context of `state` (requires an `encoder`)."""
     if self.encoder is None:
@@ -210,25 +203,6 @@ class TabularHarness:
   def __repr__(self):
     return (f"TabularHarness({self.name!r}, S={self.num_states}, A={self.num_actions}, "
             f"O={self.num_outputs}, noop_action={self.noop_action})")
-
-
-def _flatten(h):
-  return [getattr(h, f) for f in _DATA], tuple(getattr(h, f) for f in _META)
-
-
-def _flatten_with_keys(h):
-  return [(jax.tree_util.GetAttrKey(f), getattr(h, f)) for f in _DATA], tuple(
-      getattr(h, f) for f in _META)
-
-
-def _unflatten(meta, leaves):
-  h = object.__new__(TabularHarness)
-  for f, x in zip(_DATA + _META, tuple(leaves) + tuple(meta)):
-    object.__setattr__(h, f, x)
-  return h
-
-
-jax.tree_util.register_pytree_with_keys(TabularHarness, _flatten_with_keys, _unflatten, _flatten)
 
 
 def _names(field: str, names, n: int, prefix: str) -> tuple[str, ...]:

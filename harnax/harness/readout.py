@@ -1,4 +1,4 @@
-"""Readout scores and the exact transfer-error decomposition (DESIGN.md §1).
+"""Readout scores and the exact transfer-error decomposition (docs/harness.md).
 
 Through harness H a model has semantic policy `Pi_H`; its *readout* is
 `F_hat_H(s, a) = tau log Pi_H(a|s)`, a score defined up to a per-state constant
@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harnax.core import bellman
 from harnax.core import solvers
 from harnax.core import validation as val
 from harnax.harness import interface
@@ -36,26 +37,16 @@ Array = jax.Array
 
 
 @jax.jit
-def centered_over(x: Array, mask: Array) -> Array:
-  """`x` minus its per-state mean over `mask`; 0 outside `mask`. `[S, A]`.
+def readout_scores(log_policy: Array, pi_ref: Array, tau) -> Array:
+  """Centred readout scores `c(tau log Pi_H(a|s))` over available actions, `[S, A]`.
 
-  Entries outside `mask` never enter the mean (they may be `-inf`).
+  Takes log-probabilities (e.g. `semantic_log_policy`), which keep precision
+  where probabilities underflow; from probabilities pass
+  `harnax.core.bellman.safe_log(policy)`. Unnormalized log-probabilities give the
+  same result (the per-state constant cancels). 0 at unavailable actions;
+  `-inf` at an available action of probability 0 makes its row NaN.
   """
-  count = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True), 1)
-  safe = jnp.where(mask, x, 0.0)
-  mean = jnp.sum(safe, axis=-1, keepdims=True) / count
-  return jnp.where(mask, safe - mean, 0.0)
-
-
-@jax.jit
-def readout(log_policy: Array, pi_ref: Array, tau) -> Array:
-  """Centred readout scores `tau log Pi_H(a|s)` over available actions, `[S, A]`.
-
-  The log-space counterpart of `hx.readout_scores`: pass `semantic_log_policy`
-  output to keep precision where probabilities underflow. 0 at unavailable
-  actions; `-inf` at an available action of probability 0 makes its row NaN.
-  """
-  return centered_over(tau * log_policy, pi_ref > 0)
+  return bellman.centered(tau * log_policy, bellman.available(pi_ref))
 
 
 @jax.jit
@@ -65,7 +56,7 @@ def score_error(log_policy: Array, scores: Array, pi_ref: Array, tau) -> Array:
   Zero in a state iff `Pi_H(.|s) = pi*(.|s)` there (both are softmaxes of
   their scores over the same actions).
   """
-  return centered_over(tau * log_policy - scores, pi_ref > 0)
+  return bellman.centered(tau * log_policy - scores, bellman.available(pi_ref))
 
 
 # ---------------------------------------------------------------------------
@@ -196,10 +187,13 @@ def common_actions(action_map, source_pi_ref, target_pi_ref) -> Array:
   return (m >= 0)[None, :] & (target_pi_ref > 0) & (source_pi_ref[:, idx] > 0)
 
 
-def transfer_decomposition(*, source_scores, target_scores, source_log_policy,
-                           target_log_policy, source_pi_ref, target_pi_ref, action_map,
+def transfer_decomposition(source_scores, target_scores, source_log_policy, target_log_policy,
+                           source_pi_ref, target_pi_ref, action_map,
                            tau) -> TransferDecomposition:
   """The exact three-way split of the centred score error on H'.
+
+  Every argument is part of the problem (positional or keyword); keywords keep
+  the source/target pairs readable.
 
   Args:
     source_scores: `F*_H`, `[S, A]` (`-inf` where unavailable is fine).
@@ -248,7 +242,7 @@ def transfer_decomposition(*, source_scores, target_scores, source_log_policy,
 def _decompose(common, f_src, f_tgt, r_src, r_tgt):
   # Mask before subtracting: -inf - -inf outside the common set would be NaN.
   def diff(x, y):
-    return centered_over(jnp.where(common, x, 0.0) - jnp.where(common, y, 0.0), common)
+    return bellman.centered(jnp.where(common, x, 0.0) - jnp.where(common, y, 0.0), common)
   return TransferDecomposition(error=diff(r_tgt, f_tgt), target_shift=diff(f_src, f_tgt),
                                learning_residual=diff(r_src, f_src),
                                readout_drift=diff(r_tgt, r_src), common=common)
@@ -288,7 +282,7 @@ def _check_common(common, arrays, amap):
 
 def harness_transfer_decomposition(source: interface.TabularHarness,
                                    target: interface.TabularHarness, source_log_policy,
-                                   target_log_policy, *, tau, action_map=None,
+                                   target_log_policy, tau, *, action_map=None,
                                    source_solution: solvers.SoftBellmanSolution | None = None,
                                    target_solution: solvers.SoftBellmanSolution | None = None,
                                    **solver_options) -> TransferDecomposition:
@@ -352,8 +346,9 @@ def decision_flips(source_log_policy, target_log_policy, action_map, source_pi_r
                    target_pi_ref) -> Array:
   """bool `[S]`: the most probable common action differs between H and H'.
 
-  Seed 000 reports that reversing the observation fields flips it in about
-  half the states although every optimal decision is unchanged.
+  The harness-transfer study reports that reversing the observation fields
+  flips it in about half the states although every optimal decision is
+  unchanged.
   """
   amap = jnp.asarray(action_map)
   common = common_actions(amap, source_pi_ref, target_pi_ref)

@@ -1,6 +1,6 @@
 """Harness swaps: ceiling change, threshold T, frozen and adapted returns.
 
-With `J = C - M` on every harness (docs/theory.md §2), for a policy `pi` on H
+With `J = C - M` on every harness (docs/theory.md), for a policy `pi` on H
 and any policy `pi'` on H':
 
   J_H'(pi') - J_H(pi) = (C_H' - C_H) + M_H(pi) - M_H'(pi') = T - M_H'(pi'),
@@ -8,9 +8,9 @@ and any policy `pi'` on H':
 
 So a policy adapted to H' beats the original pair iff its mismatch falls below
 T. The *frozen* comparison deploys the same weights on H' without adapting
-(`pi'` = the model read through H'); seed 000's point is that it can reject a
-swap (`frozen_change < 0`) whose threshold is positive, i.e. one that adapting
-can still turn into a gain.
+(`pi'` = the model read through H'); the harness-transfer study's point is that
+it can reject a swap (`frozen_change < 0`) whose threshold is positive, i.e. one
+that adapting can still turn into a gain.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _return_and_mismatch(harness, policy, tau, solution):
 
 
 def swap_pair(source: interface.TabularHarness, target: interface.TabularHarness, policy,
-              frozen_policy, adapted_policy=None, *, tau,
+              frozen_policy, adapted_policy, tau, *,
               source_solution: solvers.SoftBellmanSolution | None = None,
               target_solution: solvers.SoftBellmanSolution | None = None,
               **solver_options) -> SwapPair:
@@ -85,7 +85,7 @@ def swap_pair(source: interface.TabularHarness, target: interface.TabularHarness
     source: H. target: H'.
     policy: `pi`, the model's semantic policy on H, `[S, A]`.
     frozen_policy: the same model read through H', `[S, A']`.
-    adapted_policy: a policy adapted to H', `[S, A']`, or `None`.
+    adapted_policy: a policy adapted to H', `[S, A']`, or `None` (no adaptation).
     tau: temperature > 0.
     source_solution, target_solution: precomputed optima to reuse.
     **solver_options: forwarded to `hx.solve_soft_bellman`.
@@ -97,8 +97,8 @@ def swap_pair(source: interface.TabularHarness, target: interface.TabularHarness
     source_solution = solvers.solve_soft_bellman(source.mdp, source.pi_ref, tau, **solver_options)
   if target_solution is None:
     target_solution = solvers.solve_soft_bellman(target.mdp, target.pi_ref, tau, **solver_options)
-  c_src = jnp.dot(source.mdp.initial, source_solution.v)
-  c_tgt = jnp.dot(target.mdp.initial, target_solution.v)
+  c_src = objectives.ceiling(source.mdp, source.pi_ref, tau, solution=source_solution)
+  c_tgt = objectives.ceiling(target.mdp, target.pi_ref, tau, solution=target_solution)
   j_src, m_src = _return_and_mismatch(source, policy, tau, source_solution)
   j_frz, m_frz = _return_and_mismatch(target, frozen_policy, tau, target_solution)
   if adapted_policy is None:
@@ -121,7 +121,7 @@ class SwapAnalysis(NamedTuple):
   Attributes:
     pairs: a `SwapPair` whose leaves are `[n, n]`.
     rejected_but_positive: bool `[n, n]`, `frozen_change < 0` and `threshold > 0`
-      (seed 000: the frozen comparison rejects a swap that adaptation can win).
+      (the frozen comparison rejects a swap that adaptation can win).
     adapted_wins: bool `[n, n]`, `realized_gain > 0` (False where not given).
     predicted_win: bool `[n, n]`, `adapted_mismatch < threshold`; equals
       `adapted_wins` wherever an adapted policy is given.
@@ -134,8 +134,8 @@ class SwapAnalysis(NamedTuple):
 
 
 def swap_analysis(harnesses: Sequence[interface.TabularHarness], policies: Sequence,
-                  frozen: Sequence[Sequence], adapted: Sequence[Sequence] | None = None, *,
-                  tau, **solver_options) -> SwapAnalysis:
+                  frozen: Sequence[Sequence], adapted: Sequence[Sequence] | None, tau,
+                  **solver_options) -> SwapAnalysis:
   """All ordered swaps among `harnesses` (each optimum is solved once).
 
   Args:
@@ -172,7 +172,7 @@ def swap_analysis(harnesses: Sequence[interface.TabularHarness], policies: Seque
         raise ValueError(f"frozen[{i}][{j}]: expected the policy of model {i} read through "
                          f"harness {j}, got None")
       ad = adapted[i][j] if adapted is not None else None
-      row.append(swap_pair(harnesses[i], harnesses[j], policies[i], frz, ad, tau=tau,
+      row.append(swap_pair(harnesses[i], harnesses[j], policies[i], frz, ad, tau,
                            source_solution=solutions[i], target_solution=solutions[j]))
     rows.append(row)
   pairs = jax.tree.map(lambda *xs: jnp.stack(xs).reshape(n, n), *[p for r in rows for p in r])

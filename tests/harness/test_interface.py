@@ -55,6 +55,15 @@ def test_harness_is_a_pytree_through_jit_and_vmap():
   np.testing.assert_allclose(jax.vmap(valid_fraction)(batch), [np.mean(p["table"] >= 0)] * 2)
   with pytest.raises(AttributeError):
     h.name = "other"
+  # Rebuilding never validates: object() sentinels as leaves (as jax.tree_util uses)
+  # and an in_axes spec with None and 0 leaves go through; the constructor checks.
+  sentinels = [object() for _ in leaves]
+  rebuilt = jax.tree.unflatten(treedef, sentinels)
+  assert rebuilt.decode_table is sentinels[-1] and rebuilt.output_names == h.output_names
+  spec = jax.tree.unflatten(treedef, [None] * 4 + [0, 0])
+  out = jax.vmap(lambda hb: jnp.mean(hb.decode_table >= 0), in_axes=(spec,))(
+      jax.tree.unflatten(treedef, leaves[:4] + [jnp.stack([x, x]) for x in leaves[4:]]))
+  np.testing.assert_allclose(out, [np.mean(p["table"] >= 0)] * 2)
 
 
 def test_field_encoder_orders_fields():

@@ -84,7 +84,7 @@ def test_swap_pair_under_jit():
       hs, ht, pi, frozen, adapted)
   for x, y in zip(eager, jitted):
     np.testing.assert_allclose(x, y, atol=1e-10)
-  missing = hh.swap_pair(hs, ht, pi, frozen, tau=0.5)
+  missing = hh.swap_pair(hs, ht, pi, frozen, None, 0.5)
   assert np.isnan(float(missing.realized_gain)) and np.isnan(float(missing.adapted_mismatch))
 
 
@@ -143,20 +143,20 @@ def test_swap_analysis_without_adaptation_and_bad_input():
   hs = _harness(src, "H")
   ht = _harness(dict(tgt, P=tgt["P"]), "H'")
   pi_t = _policy(np.random.default_rng(3), tgt["pi_ref"])
-  res = hh.swap_analysis([hs, ht], [pi, pi_t], [[None, frozen], [pi, None]], tau=0.5)
+  res = hh.swap_analysis([hs, ht], [pi, pi_t], [[None, frozen], [pi, None]], None, 0.5)
   assert np.isnan(np.asarray(res.pairs.realized_gain)).all()
   assert not np.asarray(res.adapted_wins).any()
   assert "—" in hh.swap_table(res, ["H", "H'"])
   with pytest.raises(ValueError, match="policies: expected 2 entries"):
-    hh.swap_analysis([hs, ht], [pi], [[None, frozen], [pi, None]], tau=0.5)
+    hh.swap_analysis([hs, ht], [pi], [[None, frozen], [pi, None]], None, 0.5)
   with pytest.raises(ValueError, match=r"frozen\[1\]: expected 2 entries"):
-    hh.swap_analysis([hs, ht], [pi, pi_t], [[None, frozen], [pi]], tau=0.5)
+    hh.swap_analysis([hs, ht], [pi, pi_t], [[None, frozen], [pi]], None, 0.5)
   with pytest.raises(ValueError, match=r"frozen\[0\]\[1\]: expected the policy"):
-    hh.swap_analysis([hs, ht], [pi, pi_t], [[None, None], [pi, None]], tau=0.5)
+    hh.swap_analysis([hs, ht], [pi, pi_t], [[None, None], [pi, None]], None, 0.5)
   with pytest.raises(ValueError, match="adapted: expected a 2 x 2"):
     hh.swap_analysis([hs, ht], [pi, pi_t], [[None, frozen], [pi, None]], [[None]], tau=0.5)
   with pytest.raises(ValueError, match="policy"):  # a source policy in the target's shape
-    hh.swap_pair(hs, ht, frozen, frozen, tau=0.5)
+    hh.swap_pair(hs, ht, frozen, frozen, None, 0.5)
 
 
 def test_checkbox_swaps_show_the_documented_pattern(checkbox_swaps):
