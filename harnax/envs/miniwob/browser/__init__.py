@@ -44,3 +44,27 @@ from harnax.envs.miniwob.browser.session import BrowserUnavailableError
 from harnax.envs.miniwob.browser.session import find_browser
 from harnax.envs.miniwob.browser.validation import Validation
 from harnax.envs.miniwob.browser.validation import validate
+
+__all__ = [
+    "Disagreement",
+    "compare",
+    "reachable_states",
+    "Policy",
+    "Replay",
+    "Step",
+    "replay",
+    "page_task",
+    "read_page_state",
+    "visible_elements",
+    "optimal_policy",
+    "random_policy",
+    "soft_optimal_policy",
+    "COMMAND_TIMEOUT",
+    "SETUP_HINT",
+    "START_TIMEOUT",
+    "BrowserSession",
+    "BrowserUnavailableError",
+    "find_browser",
+    "Validation",
+    "validate",
+]
