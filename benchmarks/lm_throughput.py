@@ -4,7 +4,7 @@ For each family (Qwen3, Qwen3-MoE, Gemma 3) a ~100M-parameter random model is bu
 transformers and saved; each (framework, family) measurement then runs in its own subprocess
 so that its peak memory (``ru_maxrss``) is its own. Both frameworks use float32 and the same
 weights. Prefill is the prompt pass of generation in both frameworks: the KV cache is filled
-and only the last position is projected onto the vocabulary (``decoding.prefill``;
+and only the last position is projected onto the vocabulary (``CausalLM.prefill``;
 ``logits_to_keep=1`` in transformers). Batch-1 decode is also compared with the
 memory-bandwidth bound ``bandwidth / parameter bytes`` (every decoded token reads every weight
 once), with the bandwidth measured by a numpy copy.
@@ -161,7 +161,7 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
       # rest of the prefill.
       jax.block_until_ready((logits, cache))
       t0 = time.perf_counter()
-      res, _ = gen.decode(graphdef, state, cache, logits, jax.random.key(0), max_new_tokens=new)
+      res, _ = gen.decode(jax.random.key(0), graphdef, state, cache, logits, max_new_tokens=new)
       res.tokens.block_until_ready()
       return time.perf_counter() - t0
 

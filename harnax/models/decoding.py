@@ -41,7 +41,7 @@ class Generation:
   lengths: Array
 
 
-def sample_token(logits: Array, key: Array | None, *, temperature: float = 0.0,
+def sample_token(key: Array | None, logits: Array, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None) -> Array:
   """Next tokens [B] from logits [B, V].
 
@@ -73,21 +73,23 @@ def sample_token(logits: Array, key: Array | None, *, temperature: float = 0.0,
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
 def prefill(graphdef, state, input_ids: Array, attention_mask: Array,
             cache: Cache) -> tuple[Array, Cache]:
-  """Writes the prompts into ``cache``; returns last-position logits [B, V] and the cache."""
-  model = nnx.merge(graphdef, state)
-  hidden, cache = model.hidden_states(input_ids, attention_mask, cache=cache)
-  # Decoding starts from the last position only: projecting every position onto the
-  # vocabulary would cost a [B, T, V] matmul and buffer for nothing.
-  return model.logits(hidden[:, -1:])[:, 0], cache
+  """Jit-compiled :meth:`CausalLM.prefill`: writes the prompts into ``cache`` (donated);
+  returns last-position logits [B, V] float32 and the new cache."""
+  return nnx.merge(graphdef, state).prefill(input_ids, attention_mask, cache=cache)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "temperature", "top_k",
                                              "top_p", "stop_tokens", "pad_token_id"),
                    donate_argnames=("cache",))
-def decode(graphdef, state, cache: Cache, logits: Array, key: Array, *, max_new_tokens: int,
+def decode(key: Array, graphdef, state, cache: Cache, logits: Array, *, max_new_tokens: int,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
            stop_tokens: tuple[int, ...] = (), pad_token_id: int = 0) -> tuple[Generation, Cache]:
-  """Samples up to ``max_new_tokens`` tokens per sequence, starting from ``logits`` [B, V]."""
+  """Samples up to ``max_new_tokens`` tokens per sequence, starting from ``logits`` [B, V]
+  (those :func:`prefill` returns) and the ``cache`` (donated) they came with.
+
+  Returns:
+    the :class:`Generation` and the cache after the last decode step.
+  """
   model = nnx.merge(graphdef, state)
   b = logits.shape[0]
   stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
@@ -100,7 +102,7 @@ def decode(graphdef, state, cache: Cache, logits: Array, key: Array, *, max_new_
   def body(carry):
     i, cache, logits, key, done, out = carry
     key, sub = jax.random.split(key)
-    tok = sample_token(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p)
+    tok = sample_token(sub, logits, temperature=temperature, top_k=top_k, top_p=top_p)
     lp = token_logprobs(logits, tok, temperature=lp_temperature)
     tok = jnp.where(done, pad_token_id, tok)
     out = Generation(tokens=out.tokens.at[:, i].set(tok),
@@ -108,8 +110,8 @@ def decode(graphdef, state, cache: Cache, logits: Array, key: Array, *, max_new_
                      mask=out.mask.at[:, i].set(~done),
                      lengths=out.lengths + (~done).astype(jnp.int32))
     done = done | jnp.isin(tok, stops)
-    next_logits, cache = model(tok[:, None], jnp.ones((b, 1), jnp.int32), cache=cache)
-    return i + 1, cache, next_logits[:, 0], key, done, out
+    next_logits, cache = model.decode_step(tok, cache=cache)
+    return i + 1, cache, next_logits, key, done, out
 
   out = Generation(tokens=jnp.full((b, max_new_tokens), pad_token_id, jnp.int32),
                    logprobs=jnp.zeros((b, max_new_tokens), jnp.float32),
@@ -164,7 +166,7 @@ def generate(model: CausalLM, input_ids: Array, attention_mask: Array | None = N
   logits, cache = prefill(graphdef, state, jnp.asarray(input_ids), jnp.asarray(attention_mask),
                           cache)
   key = jax.random.key(0) if key is None else key
-  out, _ = decode(graphdef, state, cache, logits, key, max_new_tokens=max_new_tokens,
+  out, _ = decode(key, graphdef, state, cache, logits, max_new_tokens=max_new_tokens,
                   temperature=float(temperature), top_k=top_k, top_p=top_p, stop_tokens=stop,
                   pad_token_id=int(pad))
   return out

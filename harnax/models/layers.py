@@ -1,11 +1,12 @@
-"""Layers shared by every model family: RMSNorm, RoPE, attention, gated MLP, routed MoE.
+"""Layers shared by every model family: RMSNorm, RoPE, attention, gated MLP, embeddings.
 
 Each layer is a thin NNX module around a pure function that does the math, so the math can be
 tested and reused (e.g. by a later linear-attention layer) without the module. Parameters keep
 Hugging Face semantics and layout (the checkpoint mapping is a renaming): linear kernels are
-stored ``[out, in]`` like ``nn.Linear.weight``, which XLA's CPU matmuls also read fastest
-(10-20 % over ``[in, out]`` for decode-sized inputs, measured); norm weights as in the checkpoint
-(Gemma's ``1 + w`` is applied in the forward pass, never folded in).
+stored ``[out, in]`` like ``nn.Linear.weight``, which is also the layout XLA's CPU matmuls read
+fastest (docs/models.md); norm weights as in the checkpoint (Gemma's ``1 + w`` is applied in the
+forward pass, never folded in). The routed mixture of experts lives in
+:mod:`harnax.models.moe`.
 
 Every ``nnx.Param`` carries ``axes``: its logical axis names, read by ``harnax.parallel``.
 Norms, softmaxes and RoPE angles are computed in float32 whatever the parameter dtype.
@@ -27,7 +28,9 @@ Array = jax.Array
 _INIT_STD = 0.02
 
 
-def _normal(rngs: nnx.Rngs, shape, dtype) -> Array:
+def normal_init(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> Array:
+  """Random parameter of ``shape``: normal with standard deviation 0.02, drawn in float32 and
+  cast to ``dtype`` (so a bfloat16 model draws the same numbers as a float32 one)."""
   return (_INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
 
 
@@ -75,7 +78,7 @@ class Linear(nnx.Module):
 
   def __init__(self, d_in: int, d_out: int, *, axes: tuple[str, str], use_bias: bool = False,
                dtype=jnp.float32, rngs: nnx.Rngs):
-    self.kernel = nnx.Param(_normal(rngs, (d_out, d_in), dtype), axes=(axes[1], axes[0]))
+    self.kernel = nnx.Param(normal_init(rngs, (d_out, d_in), dtype), axes=(axes[1], axes[0]))
     self.bias = nnx.Param(jnp.zeros((d_out,), dtype), axes=(axes[1],)) if use_bias else None
 
   def __call__(self, x: Array) -> Array:
@@ -89,7 +92,7 @@ class Embed(nnx.Module):
   """Token embedding table ``[vocab, hidden]`` (HF ``embed_tokens.weight``)."""
 
   def __init__(self, vocab: int, dim: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
-    self.embedding = nnx.Param(_normal(rngs, (vocab, dim), dtype), axes=("vocab", "embed"))
+    self.embedding = nnx.Param(normal_init(rngs, (vocab, dim), dtype), axes=("vocab", "embed"))
 
   def __call__(self, ids: Array) -> Array:
     return jnp.take(self.embedding[...], ids, axis=0)
@@ -288,9 +291,10 @@ class Attention(nnx.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Feed-forward: gated MLP and routed mixture of experts
+# Feed-forward: gated MLP (the routed mixture of experts is in harnax.models.moe)
 # ---------------------------------------------------------------------------------------------
 def activation(name: str):
+  """The elementwise activation of a config's ``activation`` name (HF ``hidden_act``)."""
   if name == "silu":
     return jax.nn.silu
   if name == "gelu_pytorch_tanh":
@@ -311,242 +315,3 @@ class GatedMLP(nnx.Module):
     h = activation(self.act)(self.gate_proj(x)) * self.up_proj(x)
     h = constrain(h, ("batch", "seq", "act_mlp"))
     return self.down_proj(h)
-
-
-def route_top_k(router_logits: Array, k: int, *, normalize: bool) -> tuple[Array, Array]:
-  """Qwen3-MoE routing: softmax over all experts (float32), keep the top k.
-
-  Args:
-    router_logits: [N, E].
-    k: experts per token.
-    normalize: ``norm_topk_prob``: renormalize the k kept probabilities to sum to one.
-
-  Returns:
-    weights [N, k] float32 and expert indices [N, k] int32.
-  """
-  probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-  weights, experts = jax.lax.top_k(probs, k)
-  if normalize:
-    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-  return weights, experts.astype(jnp.int32)
-
-
-# Grouped matmul against [E, out, in] weights: row block g of lhs [M, in] times rhs[g].T.
-_GROUPED_DIMS = jax.lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(([1], [2]), ([], [])), lhs_ragged_dimensions=[0],
-    rhs_group_dimensions=[0])
-
-
-def _grouped_matmul(lhs: Array, rhs: Array, group_sizes: Array) -> Array:
-  return jax.lax.ragged_dot_general(lhs, rhs, group_sizes, _GROUPED_DIMS)
-
-
-def experts_ragged(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
-                   down: Array, act) -> Array:
-  """Routed expert MLPs computed only for the chosen (token, expert) pairs.
-
-  Sorts the N*k assignments by expert and runs one grouped matmul per projection
-  (``lax.ragged_dot_general``), so the cost is k expert MLPs per token, not E.
-
-  Args:
-    x: [N, hidden]; weights: [N, k]; experts: [N, k] int.
-    gate, up: [E, I, hidden]; down: [E, hidden, I] (per expert, the HF ``[out, in]`` layout).
-  Returns:
-    [N, hidden]: sum over the k chosen experts of weight * expert_mlp(x).
-  """
-  n, k = experts.shape
-  num_experts = gate.shape[0]
-  flat = experts.reshape(-1)
-  order = jnp.argsort(flat, stable=True)
-  token = order // k
-  xs = jnp.take(x, token, axis=0)
-  sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-  h = act(_grouped_matmul(xs, gate, sizes)) * _grouped_matmul(xs, up, sizes)
-  y = _grouped_matmul(h, down, sizes)
-  y = y * weights.reshape(-1)[order][:, None].astype(y.dtype)
-  return jnp.zeros_like(x).at[token].add(y)
-
-
-def _expert_mlp(x: Array, gate: Array, up: Array, down: Array, act) -> Array:
-  """One expert's gated MLP on rows ``x [M, hidden]``; weights ``[out, in]``."""
-  h = act(jnp.einsum("mh,ih->mi", x, gate)) * jnp.einsum("mh,ih->mi", x, up)
-  return jnp.einsum("mi,hi->mh", h, down)
-
-
-def experts_sorted(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
-                   down: Array, act, *, capacity: int | None = None, block: int = 64) -> Array:
-  """Same result as :func:`experts_ragged`, as a sort-by-expert grouped matmul without
-  ``ragged_dot``: the CPU path for long inputs, where ``ragged_dot`` lowers to a slow loop.
-
-  The N*k assignments are sorted by expert. The first ``capacity`` rows of every expert's
-  segment go to a slot ``[E, capacity]`` and all experts run as one batched matmul (no
-  per-expert weight copies); the rows beyond (an expert routed more than ``capacity``
-  tokens) run in a loop over experts in chunks of ``block`` rows, skipped by ``lax.cond``
-  for experts that fit; an overflowing expert's weights are indexed (on CPU: copied) once,
-  not once per chunk. Nothing is dropped, so the result is exact; the cost is about
-  ``E * capacity`` rows plus the overflow. Static trip counts keep it reverse-differentiable.
-
-  Args:
-    x: [N, hidden]; weights: [N, k]; experts: [N, k] int.
-    gate, up: [E, I, hidden]; down: [E, hidden, I].
-    capacity: slots per expert; by default 1.25 times the mean segment length N*k/E rounded
-      up to a multiple of 8 (measured fastest among 1.0, 1.25, 1.5 for a 512-token prefill of
-      a 16-expert, top-4 model), at most N (an expert receives each token at most once).
-    block: rows per overflow chunk (64 measured faster than 32 and 256, like 128, on the
-      benchmark's 512-token prefill, whose random router overflows 1.25x capacity by 30-450
-      rows per layer).
-  Returns:
-    [N, hidden].
-  """
-  n, k = experts.shape
-  num_experts, hidden = gate.shape[0], gate.shape[2]
-  m = n * k
-  if capacity is None:
-    capacity = -(-int(math.ceil(1.25 * m / num_experts)) // 8) * 8
-  capacity = max(1, min(capacity, n))
-  block = max(1, min(block, n))
-  slots = num_experts * capacity
-
-  flat = experts.reshape(-1)
-  order = jnp.argsort(flat, stable=True)
-  sorted_experts = flat[order]
-  token = order // k
-  sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-  starts = jnp.cumsum(sizes) - sizes
-  rank = jnp.arange(m, dtype=jnp.int32) - starts[sorted_experts]  # position in its segment
-  # Overflow rows are parked in one extra slot that is dropped.
-  slot = jnp.where(rank < capacity, sorted_experts * capacity + rank, slots)
-  xs = jnp.take(x, token, axis=0)  # [m, hidden], sorted by expert
-  x_slots = jnp.zeros((slots + 1, hidden), x.dtype).at[slot].set(xs)[:slots]
-  x_slots = x_slots.reshape(num_experts, capacity, hidden)
-  h = act(jnp.einsum("ech,eih->eci", x_slots, gate)) * jnp.einsum("ech,eih->eci", x_slots, up)
-  y_slots = jnp.einsum("eci,ehi->ech", h, down).reshape(slots, hidden)
-  ys = jnp.take(y_slots, jnp.minimum(slot, slots - 1), axis=0)  # overflow rows: filled below
-
-  max_chunks = -(-(n - capacity) // block)
-  if max_chunks > 0:
-    pad = jnp.zeros((block, hidden), x.dtype)  # the last chunk may run past the end
-    xs, ys = jnp.concatenate([xs, pad]), jnp.concatenate([ys, pad])
-
-    def per_expert(e, ys):
-      overflow = sizes[e] - capacity
-
-      def expert_overflow(ys):
-        # Indexing a stacked weight copies it (on CPU): once per overflowing expert, not
-        # once per chunk.
-        ge, ue, de = gate[e], up[e], down[e]
-
-        def chunk(j, ys):
-          def compute(ys):
-            row = starts[e] + capacity + j * block
-            xc = jax.lax.dynamic_slice_in_dim(xs, row, block)
-            yc = _expert_mlp(xc, ge, ue, de, act)
-            # Rows past this segment belong to other experts: keep them.
-            mine = (j * block + jnp.arange(block)) < overflow
-            old = jax.lax.dynamic_slice_in_dim(ys, row, block)
-            return jax.lax.dynamic_update_slice_in_dim(
-                ys, jnp.where(mine[:, None], yc.astype(ys.dtype), old), row, 0)
-          return jax.lax.cond(j * block < overflow, compute, lambda ys: ys, ys)
-
-        return jax.lax.fori_loop(0, max_chunks, chunk, ys)
-
-      return jax.lax.cond(overflow > 0, expert_overflow, lambda ys: ys, ys)
-
-    ys = jax.lax.fori_loop(0, num_experts, per_expert, ys)[:m]
-
-  # Unsort by a scatter of the permutation (cheaper than a second argsort).
-  inverse = jnp.zeros((m,), jnp.int32).at[order].set(jnp.arange(m, dtype=jnp.int32))
-  y = jnp.take(ys, inverse, axis=0).reshape(n, k, hidden)
-  return jnp.einsum("nkh,nk->nh", y, weights.astype(y.dtype))
-
-
-def experts_dense(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
-                  down: Array, act) -> Array:
-  """Same result as :func:`experts_ragged`, computing every expert on every token.
-
-  E/k times the FLOPs, but only batched einsums over the expert axis: the layout that shards
-  trivially over experts, and on CPU the fastest choice for a few tokens (a batch of decode
-  steps), where all experts' weights are read anyway. The matmuls are batched over a leading
-  expert axis with the weights as the left operand (``W @ x.T``, tokens as the short minor
-  dimension): on CPU about 25 % faster for 8 tokens than ``x @ W.T``, measured.
-  """
-  num_experts = gate.shape[0]
-  combine = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=jnp.float32) * weights[..., None],
-                    axis=1)  # [N, E]
-  xt = jnp.broadcast_to(x.T[None], (num_experts,) + x.T.shape)  # [E, hidden, N]
-  h = act(jnp.einsum("eih,ehn->ein", gate, xt)) * jnp.einsum("eih,ehn->ein", up, xt)
-  y = jnp.einsum("ehi,ein->ehn", down, h)
-  return jnp.einsum("ehn,ne->nh", y, combine.astype(y.dtype))
-
-
-def experts_gather(x: Array, weights: Array, experts: Array, gate: Array, up: Array,
-                   down: Array, act) -> Array:
-  """Same result as :func:`experts_ragged`, gathering the routed experts' weights.
-
-  The N*k routed experts' weights are gathered once per projection (``[N*k, out, in]``) and
-  every assignment runs as one batched matrix-vector product. It reads only the routed
-  experts, so it is the memory-bound choice for decoding a few tokens. On CPU a gather (or
-  dynamic slice) of weights is a copy, so its cost grows with N*k: past about E assignments,
-  :func:`experts_dense` reads less.
-  """
-  n, k = experts.shape
-  flat = experts.reshape(-1)
-  xs = jnp.repeat(x, k, axis=0)  # [N*k, hidden]: assignment j belongs to token j // k
-  h = (act(jnp.einsum("aih,ah->ai", jnp.take(gate, flat, axis=0), xs))
-       * jnp.einsum("aih,ah->ai", jnp.take(up, flat, axis=0), xs))
-  y = jnp.einsum("ahi,ai->ah", jnp.take(down, flat, axis=0), h)
-  y = y * weights.reshape(-1, 1).astype(y.dtype)
-  return jnp.sum(y.reshape(n, k, -1), axis=1)
-
-
-MOE_IMPLS = {"ragged": experts_ragged, "sorted": experts_sorted, "dense": experts_dense,
-             "gather": experts_gather}
-
-
-def choose_moe_impl(impl: str, num_tokens: int, k: int, num_experts: int) -> str:
-  """Resolves ``"auto"``: grouped matmuls (``ragged``) on accelerators. On CPU, where
-  ``ragged_dot`` lowers poorly, by the number of (token, expert) assignments N*k (crossovers
-  measured on a 16-expert, top-4 model like the one in ``benchmarks/lm_throughput.py``):
-  ``gather`` below E (a few decoded tokens read only their experts' weights), ``dense`` up to
-  8E (a batch of decoded tokens touches most experts anyway, and batched matmuls beat the
-  sorted loop's per-chunk overhead), ``sorted`` beyond (prefill)."""
-  if impl != "auto":
-    return impl
-  if jax.default_backend() != "cpu":
-    return "ragged"
-  assignments = num_tokens * k
-  if assignments < num_experts:
-    return "gather"
-  return "dense" if assignments <= 8 * num_experts else "sorted"
-
-
-class MoE(nnx.Module):
-  """Top-k routed experts with Qwen3-MoE semantics (no shared expert).
-
-  Parameters: ``router [E, hidden]`` (HF ``mlp.gate.weight``) and per-expert projections
-  stacked on a leading expert axis, each in the HF ``[out, in]`` layout
-  (HF ``mlp.experts.{e}.*_proj.weight``): gate and up ``[E, I, hidden]``, down ``[E, hidden, I]``.
-  """
-
-  def __init__(self, cfg, *, dtype, rngs: nnx.Rngs, impl: str = "auto"):
-    if impl != "auto" and impl not in MOE_IMPLS:
-      raise ValueError(f"moe_impl: expected 'auto' or one of {sorted(MOE_IMPLS)}, got {impl!r}")
-    e, hdim, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-    self.router = nnx.Param(_normal(rngs, (e, hdim), dtype), axes=(None, "embed"))
-    self.gate_proj = nnx.Param(_normal(rngs, (e, i, hdim), dtype), axes=("experts", "mlp", "embed"))
-    self.up_proj = nnx.Param(_normal(rngs, (e, i, hdim), dtype), axes=("experts", "mlp", "embed"))
-    self.down_proj = nnx.Param(_normal(rngs, (e, hdim, i), dtype), axes=("experts", "embed", "mlp"))
-    self.k = cfg.num_experts_per_tok
-    self.normalize = cfg.norm_topk_prob
-    self.act = cfg.activation
-    self.impl = impl
-
-  def __call__(self, x: Array) -> Array:
-    shape = x.shape
-    flat = x.reshape(-1, shape[-1])
-    router_logits = jnp.einsum("nh,eh->ne", flat, self.router[...])
-    weights, experts = route_top_k(router_logits, self.k, normalize=self.normalize)
-    fn = MOE_IMPLS[choose_moe_impl(self.impl, flat.shape[0], self.k, self.gate_proj.shape[0])]
-    out = fn(flat, weights, experts, self.gate_proj[...], self.up_proj[...], self.down_proj[...],
-             activation(self.act))
-    return out.reshape(shape)

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from harnax.models.config import DecoderConfig
-from harnax.models.layers import Attention, Embed, GatedMLP, Linear, MoE, RMSNorm
+from harnax.models.layers import Attention, Embed, GatedMLP, Linear, RMSNorm
+from harnax.models.moe import MoE
 from harnax.parallel import constrain
 
 Array = jax.Array
@@ -111,17 +112,18 @@ class DecoderLayer(nnx.Module):
                           rngs=rngs)
     self.post_mlp_norm = norm() if cfg.sandwich_norms else None
 
-  def __call__(self, x: Array, positions: Array, mask: Array,
-               cache: AttentionCache | None, cache_positions: Array | None,
-               cache_valid: Array | None, index: Array | None):
+  def __call__(self, x: Array, positions: Array, mask: Array, *,
+               cache: AttentionCache | None = None, cache_positions: Array | None = None,
+               cache_valid: Array | None = None,
+               index: Array | None = None) -> tuple[Array, AttentionCache | None]:
     """One block. Without a cache the keys are the inputs themselves.
 
     Args:
       x: [B, T, hidden]; positions, mask: [B, T].
       cache: this layer's cache, or None. ``cache_positions``/``cache_valid`` [B, L] already
-        include the new tokens written at slot ``index``.
+        include the new tokens, which are written at slot ``index``.
     Returns:
-      (new x [B, T, hidden], new layer cache or None).
+      (new x [B, T, hidden], the new layer cache, None without a cache).
     """
     h = self.attn_norm(x)
     q, k, v = self.attn.project_qkv(h, positions)
@@ -145,8 +147,10 @@ class DecoderLayer(nnx.Module):
 class CausalLM(nnx.Module):
   """Decoder-only causal language model (HF ``*ForCausalLM``).
 
-  ``model(input_ids, attention_mask=mask)`` -> logits [B, T, V] float32. With ``cache=`` the
-  call appends the tokens to the cache and returns ``(logits, new_cache)``.
+  ``model(input_ids, attention_mask=mask)`` -> logits [B, T, V] float32, always. Decoding with
+  a KV cache has its own methods, each returning ``(logits, new_cache)``: :meth:`prefill`
+  (last-position logits), :meth:`decode_step` (one token per sequence) and
+  :meth:`forward_with_cache` (logits at every new position).
   """
 
   def __init__(self, config: DecoderConfig, *, rngs: nnx.Rngs | None = None,
@@ -170,8 +174,11 @@ class CausalLM(nnx.Module):
   def dtype(self):
     return self.embed_tokens.embedding[...].dtype
 
-  def init_cache(self, batch_size: int, max_length: int, dtype=None) -> Cache:
-    """Empty cache for ``batch_size`` sequences of at most ``max_length`` tokens."""
+  def init_cache(self, batch_size: int, max_length: int, *, dtype=None) -> Cache:
+    """Empty cache for ``batch_size`` sequences of at most ``max_length`` tokens.
+
+    ``dtype`` of the stored keys and values defaults to the parameter dtype.
+    """
     cfg = self.config
     dtype = dtype or self.dtype
     shape = AttentionCache.storage_shape(batch_size, cfg.num_kv_heads, max_length, cfg.head_dim)
@@ -180,54 +187,74 @@ class CausalLM(nnx.Module):
     return Cache(layers=layers, positions=jnp.zeros((batch_size, max_length), jnp.int32),
                  valid=jnp.zeros((batch_size, max_length), bool), index=jnp.zeros((), jnp.int32))
 
-  def hidden_states(self, input_ids: Array, attention_mask: Array | None = None, *,
-                    cache: Cache | None = None) -> tuple[Array, Cache | None]:
-    """Final-norm hidden states [B, T, hidden] (and the updated cache, if one is given)."""
-    cfg = self.config
+  def _mask(self, input_ids: Array, attention_mask: Array | None) -> Array:
+    """Checked [B, T] bool mask (all ones by default)."""
     if input_ids.ndim != 2:
       raise ValueError(f"input_ids: expected shape [batch, seq], got {input_ids.shape}")
     b, t = input_ids.shape
     mask = (jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool))
     if mask.shape != (b, t):
       raise ValueError(f"attention_mask: expected shape {(b, t)}, got {mask.shape}")
+    return mask
+
+  def _embed(self, input_ids: Array) -> Array:
     x = self.embed_tokens(input_ids)
-    if cfg.scale_embeddings:
+    if self.config.scale_embeddings:
       # Gemma multiplies by sqrt(hidden) rounded to the parameter dtype, in the forward pass.
-      x = x * jnp.asarray(math.sqrt(cfg.hidden_size), dtype=x.dtype)
-    x = constrain(x, ("batch", "seq", "act_embed"))
+      x = x * jnp.asarray(math.sqrt(self.config.hidden_size), dtype=x.dtype)
+    return constrain(x, ("batch", "seq", "act_embed"))
 
-    if cache is None:
-      positions = positions_from_mask(mask)
-      index = cache_positions = cache_valid = None
-    else:
-      if t > cache.max_length:
-        raise ValueError(f"input_ids: {t} tokens do not fit a cache of max_length "
-                         f"{cache.max_length}")
-      if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + t > cache.max_length:
-        # Under jit this cannot be checked; dynamic_update_slice would clamp the write.
-        raise ValueError(f"input_ids: {t} more tokens after {int(cache.index)} do not fit a "
-                         f"cache of max_length {cache.max_length}")
-      start = jnp.sum(cache.valid, axis=1).astype(jnp.int32)
-      positions = positions_from_mask(mask, start)
-      index = cache.index
-      zero = jnp.zeros((), jnp.int32)
-      cache_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (zero, index))
-      cache_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (zero, index))
+  def hidden_states(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
+    """Final-norm hidden states [B, T, hidden] of a (left-padded) batch, without a cache."""
+    mask = self._mask(input_ids, attention_mask)
+    positions = positions_from_mask(mask)
+    x = self._embed(input_ids)
+    for layer in self.layers:
+      x, _ = layer(x, positions, mask)
+    return self.norm(x)
 
+  def hidden_states_with_cache(self, input_ids: Array, attention_mask: Array | None = None, *,
+                               cache: Cache) -> tuple[Array, Cache]:
+    """Appends the tokens to ``cache``: hidden states [B, T, hidden] and the new cache.
+
+    The tokens are written at slots ``[cache.index, cache.index + T)``; their positions
+    continue from the number of real tokens already in each row.
+
+    Raises:
+      ValueError: a batch size other than the cache's, or more tokens than the cache has
+        room for (the second check needs a concrete ``cache.index``, i.e. runs outside jit).
+    """
+    mask = self._mask(input_ids, attention_mask)
+    b, t = input_ids.shape
+    if b != cache.valid.shape[0]:
+      raise ValueError(f"input_ids: batch size {b} differs from the cache's "
+                       f"{cache.valid.shape[0]}")
+    if t > cache.max_length:
+      raise ValueError(f"input_ids: {t} tokens do not fit a cache of max_length "
+                       f"{cache.max_length}")
+    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + t > cache.max_length:
+      # Under jit this cannot be checked; dynamic_update_slice would clamp the write.
+      raise ValueError(f"input_ids: {t} more tokens after {int(cache.index)} do not fit a "
+                       f"cache of max_length {cache.max_length}")
+    start = jnp.sum(cache.valid, axis=1).astype(jnp.int32)
+    positions = positions_from_mask(mask, start)
+    zero = jnp.zeros((), jnp.int32)
+    cache_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (zero, cache.index))
+    cache_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (zero, cache.index))
+    x = self._embed(input_ids)
     new_layers = []
-    for i, layer in enumerate(self.layers):
-      layer_cache = None if cache is None else cache.layers[i]
-      x, new_layer_cache = layer(x, positions, mask, layer_cache, cache_positions, cache_valid,
-                                 index)
+    for layer, layer_cache in zip(self.layers, cache.layers):
+      x, new_layer_cache = layer(x, positions, mask, cache=layer_cache,
+                                 cache_positions=cache_positions, cache_valid=cache_valid,
+                                 index=cache.index)
       new_layers.append(new_layer_cache)
-    x = self.norm(x)
-    if cache is None:
-      return x, None
-    return x, Cache(layers=tuple(new_layers), positions=cache_positions, valid=cache_valid,
-                    index=cache.index + t)
+    new_cache = Cache(layers=tuple(new_layers), positions=cache_positions, valid=cache_valid,
+                      index=cache.index + t)
+    return self.norm(x), new_cache
 
   def logits(self, hidden: Array) -> Array:
-    """Output projection of hidden states -> float32 logits [..., V] (final soft-cap applied)."""
+    """Output projection of hidden states [B, T, hidden] -> float32 logits [B, T, V] (final
+    soft-cap applied)."""
     if self.lm_head is None:
       logits = self.embed_tokens.attend(hidden)
     else:
@@ -238,24 +265,46 @@ class CausalLM(nnx.Module):
       logits = cap * jnp.tanh(logits / cap)
     return constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
 
-  def __call__(self, input_ids: Array, attention_mask: Array | None = None, *,
-               cache: Cache | None = None):
-    """Logits [B, T, V] float32; with ``cache``, ``(logits, new_cache)``.
+  def __call__(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
+    """Logits [B, T, V] float32.
 
     Args:
       input_ids: [B, T] int token ids, left padding allowed.
       attention_mask: [B, T], 1/True for real tokens. Defaults to all ones.
-      cache: optional :class:`Cache`; the tokens are written at slots
-        ``[cache.index, cache.index + T)``.
     """
-    hidden, new_cache = self.hidden_states(input_ids, attention_mask, cache=cache)
-    logits = self.logits(hidden)
-    return logits if cache is None else (logits, new_cache)
+    return self.logits(self.hidden_states(input_ids, attention_mask))
+
+  def forward_with_cache(self, input_ids: Array, attention_mask: Array | None = None, *,
+                         cache: Cache) -> tuple[Array, Cache]:
+    """Appends the tokens to ``cache``: logits [B, T, V] float32 and the new cache.
+
+    Equal to the positions ``[L, L + T)`` of ``model`` run on everything written so far
+    plus these tokens (e.g. scoring several continuations of one cached prompt).
+    """
+    hidden, cache = self.hidden_states_with_cache(input_ids, attention_mask, cache=cache)
+    return self.logits(hidden), cache
+
+  def prefill(self, input_ids: Array, attention_mask: Array | None = None, *,
+              cache: Cache) -> tuple[Array, Cache]:
+    """Appends the (left-padded) prompts to ``cache``: last-position logits [B, V] float32 and
+    the new cache. Only the last position is projected onto the vocabulary: decoding needs
+    nothing else, and the [B, T, V] logits would cost a matmul and a buffer for nothing."""
+    hidden, cache = self.hidden_states_with_cache(input_ids, attention_mask, cache=cache)
+    return self.logits(hidden[:, -1:])[:, 0], cache
+
+  def decode_step(self, tokens: Array, *, cache: Cache) -> tuple[Array, Cache]:
+    """Appends one token per sequence, ``tokens`` [B] int: next-token logits [B, V] float32 and
+    the new cache."""
+    if tokens.ndim != 1:
+      raise ValueError(f"tokens: expected shape [batch], got {tokens.shape}")
+    hidden, cache = self.hidden_states_with_cache(tokens[:, None], cache=cache)
+    return self.logits(hidden)[:, 0], cache
 
 
 def param_count(model_or_state) -> int:
   """Number of parameters (a tied embedding counts once)."""
-  state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) else model_or_state
+  state = (nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module)
+           else model_or_state)
   return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
 
 

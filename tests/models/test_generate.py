@@ -87,9 +87,9 @@ def test_sampling_is_keyed_and_truncation_respected(pair_factory):
 def test_sample_token_top_k_top_p_support():
   logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]] * 2000))
   keys = jax.random.key(0)
-  k2 = np.asarray(gen.sample_token(logits, keys, temperature=1.0, top_k=2))
+  k2 = np.asarray(gen.sample_token(keys, logits, temperature=1.0, top_k=2))
   assert set(np.unique(k2)) == {0, 1}
-  p = np.asarray(gen.sample_token(logits, keys, temperature=1.0, top_p=0.7))
+  p = np.asarray(gen.sample_token(keys, logits, temperature=1.0, top_p=0.7))
   assert set(np.unique(p)) == {0, 1}  # 0.5 < 0.7 needs the second token, not the third
   freq = np.mean(p == 0)
   assert abs(freq - 0.5 / 0.8) < 0.05
@@ -102,11 +102,15 @@ def test_prompt_longer_than_cache(pair_factory):
     gen.generate(model, jnp.asarray(ids), jnp.asarray(mask), max_new_tokens=4, max_length=12)
   cache = model.init_cache(ids.shape[0], 8)
   with pytest.raises(ValueError, match="do not fit a cache"):
-    model(jnp.asarray(ids), jnp.asarray(mask), cache=cache)
+    model.prefill(jnp.asarray(ids), jnp.asarray(mask), cache=cache)
   cache = model.init_cache(ids.shape[0], 12)
-  _, cache = model(jnp.asarray(ids), jnp.asarray(mask), cache=cache)
+  with pytest.raises(ValueError, match="batch size 2 differs from the cache's 3"):
+    model.prefill(jnp.asarray(ids[:2]), jnp.asarray(mask[:2]), cache=cache)
+  _, cache = model.prefill(jnp.asarray(ids), jnp.asarray(mask), cache=cache)
   with pytest.raises(ValueError, match="more tokens after 10"):
-    model(jnp.asarray(ids[:, :3]), cache=cache)
+    model.forward_with_cache(jnp.asarray(ids[:, :3]), cache=cache)
+  with pytest.raises(ValueError, match=r"tokens: expected shape \[batch\]"):
+    model.decode_step(jnp.asarray(ids[:, :1]), cache=cache)
   with pytest.raises(ValueError, match="key"):
     gen.generate(model, jnp.asarray(ids), jnp.asarray(mask), max_new_tokens=2, temperature=1.0)
 
@@ -117,13 +121,26 @@ def test_prefill_then_decode_equals_full_forward(pair_factory):
   ids, mask = padded_batch(seed=7, length=10)
   full = np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(mask)))
   cache = model.init_cache(ids.shape[0], 12)
-  with_cache = nnx.jit(lambda m, x, k, c: m(x, k, cache=c))
-  logits, cache = with_cache(model, jnp.asarray(ids[:, :7]), jnp.asarray(mask[:, :7]), cache)
+  prefill = nnx.jit(lambda m, x, k, c: m.prefill(x, k, cache=c))
+  step = nnx.jit(lambda m, x, c: m.decode_step(x, cache=c))
+  # The prompt in two chunks: the second continues the positions of the first.
+  _, cache = prefill(model, jnp.asarray(ids[:, :4]), jnp.asarray(mask[:, :4]), cache)
+  logits, cache = prefill(model, jnp.asarray(ids[:, 4:7]), jnp.asarray(mask[:, 4:7]), cache)
+  assert logits.shape == (ids.shape[0], model.config.vocab_size) and logits.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(logits), full[:, 6], atol=2e-5)
   for t in range(7, 10):
-    step, cache = with_cache(model, jnp.asarray(ids[:, t:t + 1]), jnp.asarray(mask[:, t:t + 1]),
-                             cache)
-    np.testing.assert_allclose(np.asarray(step[:, 0]), full[:, t], atol=2e-5)
-  np.testing.assert_allclose(np.asarray(logits), full[:, :7][..., :], atol=2e-5)
+    logits, cache = step(model, jnp.asarray(ids[:, t]), cache)
+    np.testing.assert_allclose(np.asarray(logits), full[:, t], atol=2e-5)
+
+
+def test_call_returns_logits_with_or_without_a_mask(pair_factory):
+  model = pair_factory("qwen3").model
+  ids, _ = padded_batch(seed=3, pads=(0, 0, 0))
+  logits = model(jnp.asarray(ids))
+  assert isinstance(logits, jax.Array)
+  assert logits.shape == ids.shape + (model.config.vocab_size,) and logits.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids), attention_mask=np.ones_like(ids))),
+                             np.asarray(logits), atol=1e-6)
 
 
 def test_span_scores_match_transformers(pair_factory):

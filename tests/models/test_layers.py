@@ -1,8 +1,5 @@
 """Shared layers against transformers' own building blocks."""
 
-import functools
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -82,64 +79,3 @@ def test_window_mask_semantics():
   m = np.asarray(layers.attention_mask(pos, pos, jnp.ones((1, 6), bool), window=2))[0]
   assert m[5].tolist() == [False, False, False, False, True, True]  # q - k < window
   assert not m[2, 3]  # causal
-
-
-def test_moe_block_matches_transformers_and_dense_path():
-  from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-  for normalize in (False, True):
-    cfg = transformers.Qwen3MoeConfig(hidden_size=16, moe_intermediate_size=8, num_experts=5,
-                                      num_experts_per_tok=2, norm_topk_prob=normalize)
-    torch.manual_seed(0)
-    block = Qwen3MoeSparseMoeBlock(cfg)
-    with torch.no_grad():
-      for p in block.parameters():
-        p.normal_(0, 0.3)
-    x = np.random.RandomState(2).randn(3, 5, 16).astype(np.float32)
-    with torch.no_grad():
-      ref = block(torch.tensor(x)).numpy()
-    gate_up = block.experts.gate_up_proj.detach().numpy()  # [E, 2I, H]: [out, in] per expert
-    gate, up = jnp.asarray(gate_up[:, :8]), jnp.asarray(gate_up[:, 8:])
-    down = jnp.asarray(block.experts.down_proj.detach().numpy())  # [E, H, I]
-    router = jnp.asarray(block.gate.weight.detach().numpy())  # [E, H]
-    flat = jnp.asarray(x.reshape(-1, 16))
-    w, e = layers.route_top_k(flat @ router.T, 2, normalize=normalize)
-    # capacity=1 sends most rows down the overflow loop; block=2 makes chunks overrun into
-    # the next expert's segment.
-    sorted_small_chunks = functools.partial(layers.experts_sorted, capacity=1, block=2)
-    for fn in (layers.experts_ragged, layers.experts_sorted, sorted_small_chunks,
-               layers.experts_dense, layers.experts_gather):
-      out = fn(flat, w, e, gate, up, down, jax.nn.silu).reshape(x.shape)
-      np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
-
-
-def test_moe_implementations_have_the_same_gradients():
-  """Training may run any path (``auto`` picks by input size), so all must differentiate."""
-  rng = np.random.RandomState(0)
-  n, hidden, inter, num_experts, k = 7, 6, 5, 4, 2
-  x = jnp.asarray(rng.randn(n, hidden), jnp.float32)
-  gate, up = (jnp.asarray(rng.randn(num_experts, inter, hidden) * 0.5, jnp.float32)
-              for _ in range(2))
-  down = jnp.asarray(rng.randn(num_experts, hidden, inter) * 0.5, jnp.float32)
-  router = jnp.asarray(rng.randn(hidden, num_experts), jnp.float32)
-
-  def loss(fn, x, gate, up, down):
-    w, e = layers.route_top_k(x @ router, k, normalize=True)
-    return jnp.sum(jnp.sin(fn(x, w, e, gate, up, down, jax.nn.silu)))
-
-  grads = {}
-  for name, fn in [("dense", layers.experts_dense), ("sorted", layers.experts_sorted),
-                   ("sorted_overflow", functools.partial(layers.experts_sorted, capacity=1,
-                                                         block=2)),
-                   ("gather", layers.experts_gather), ("ragged", layers.experts_ragged)]:
-    grads[name] = jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3))(x, gate, up, down)
-  for name, g in grads.items():
-    for got, want in zip(g, grads["dense"]):
-      np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, err_msg=name)
-
-
-@pytest.mark.parametrize("tokens,expected", [(1, "gather"), (3, "gather"), (4, "dense"),
-                                             (32, "dense"), (33, "sorted"), (512, "sorted")])
-def test_auto_moe_impl_on_cpu_by_number_of_assignments(tokens, expected):
-  # 16 experts, top-4 (the benchmark's MoE): a decoded token, a decode batch, a prefill.
-  assert layers.choose_moe_impl("auto", tokens, 4, 16) == expected
-  assert layers.choose_moe_impl("dense", tokens, 4, 16) == "dense"
