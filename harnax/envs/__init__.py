@@ -11,19 +11,22 @@ click-checkboxes, click-option, click-tab-2 and harnesses H0–H5 (18 ids,
   import gymnasium, harnax.envs
   env = gymnasium.make("harnax/click-checkboxes-H1-v0", split="test")
 
-Spaces, info and options: `harnax.envs.miniwob.gym_env`. `harnax.envs.rollout`
-steps a compiled MDP in JAX for many environments at once (`reset`, `step`,
-`rollout`).
+Spaces, info and options: `harnax.envs.miniwob.gym_env`. `reset`, `step` and
+`rollout` (from `harnax.core.sampling`, re-exported here) step a compiled MDP
+in JAX for many environments at once.
 """
 
+from harnax.core.sampling import Rollout
+from harnax.core.sampling import absorbing_states
+from harnax.core.sampling import reset
+from harnax.core.sampling import rollout
+from harnax.core.sampling import step
 from harnax.envs import miniwob
-from harnax.envs import rollout
 from harnax.envs.miniwob import gym_env
 from harnax.envs.miniwob.gym_env import ENV_IDS
 from harnax.envs.miniwob.gym_env import MAX_EPISODE_STEPS
 from harnax.envs.miniwob.gym_env import MiniWoBEnv
 from harnax.envs.miniwob.gym_env import env_id
 from harnax.envs.miniwob.gym_env import register_envs
-from harnax.envs.rollout import Rollout
 
 register_envs()

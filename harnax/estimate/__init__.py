@@ -1,10 +1,15 @@
 """Deployment estimators: sample-based mismatch, the log-odds route, Monte-Carlo
 returns, rank statistics and proxy-optimum estimates from logs.
 
-Depends only on `harnax.core`. Derivations, bias/variance facts and the proof of
-the log-odds bound: docs/estimation.md.
+Depends only on `harnax.core` (fixed-horizon rollouts are
+`harnax.core.sampling.rollout`). Arguments follow the package rule: key first,
+then the problem (`mdp, policy, pi_star, tau`) positional, options keyword-only.
+Derivations, bias/variance facts and the proof of the log-odds bound:
+docs/estimation.md.
 """
 
+from harnax.estimate.bootstrap import bootstrap_ci
+from harnax.estimate.bootstrap import standard_error
 from harnax.estimate.log_odds import centered_score_errors
 from harnax.estimate.log_odds import empirical_log_odds
 from harnax.estimate.log_odds import exact_bounds
@@ -16,7 +21,6 @@ from harnax.estimate.log_odds import score_error_range
 from harnax.estimate.log_odds import weighted_pair_errors
 from harnax.estimate.mismatch import ESTIMATORS
 from harnax.estimate.mismatch import MismatchEstimate
-from harnax.estimate.mismatch import bootstrap_ci
 from harnax.estimate.mismatch import estimate_mismatch
 from harnax.estimate.mismatch import every_step_mismatch
 from harnax.estimate.mismatch import k1_kl
@@ -41,14 +45,14 @@ from harnax.estimate.returns import ReturnEstimate
 from harnax.estimate.returns import rollout_return
 from harnax.estimate.sampling import GymOccupancySamples
 from harnax.estimate.sampling import OccupancySamples
-from harnax.estimate.sampling import Trajectories
 from harnax.estimate.sampling import sample_occupancy
 from harnax.estimate.sampling import sample_occupancy_gym
-from harnax.estimate.sampling import sample_trajectories
 from harnax.estimate.sampling import state_histogram
 from harnax.estimate.sampling import total_variation
 
 __all__ = [
+    "bootstrap_ci",
+    "standard_error",
     "centered_score_errors",
     "empirical_log_odds",
     "exact_bounds",
@@ -60,7 +64,6 @@ __all__ = [
     "weighted_pair_errors",
     "ESTIMATORS",
     "MismatchEstimate",
-    "bootstrap_ci",
     "estimate_mismatch",
     "every_step_mismatch",
     "k1_kl",
@@ -85,10 +88,8 @@ __all__ = [
     "rollout_return",
     "GymOccupancySamples",
     "OccupancySamples",
-    "Trajectories",
     "sample_occupancy",
     "sample_occupancy_gym",
-    "sample_trajectories",
     "state_histogram",
     "total_variation",
 ]

@@ -25,18 +25,18 @@ Proved in docs/estimation.md §5 (for every state, with `A_s` the available acti
 
     sum_s d^pi(s) w_s e_s^2 <= 2 tau (1-gamma) M(pi).
 
-Seed 000's "squared error <= M / (4 tau (1-gamma))" is not scale-consistent under
-our conventions (multiply r and tau by c: the left side scales by c^2, the right
-side not at all) and fails for actions that both policies almost never take;
-read with the inequality the other way round it is the upper bound above with
-the constant 4 where 8 is valid (i.e. true but twice as loose).
+The harness-transfer study's "squared error <= M / (4 tau (1-gamma))" is not
+scale-consistent under our conventions (multiply r and tau by c: the left side
+scales by c^2, the right side not at all) and fails for actions that both
+policies almost never take; read with the inequality the other way round it is
+the upper bound above with the constant 4 where 8 is valid (i.e. true but twice
+as loose). docs/estimation.md §5 has the counterexample.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from harnax.core import bellman
 from harnax.core import evaluation
@@ -44,10 +44,6 @@ from harnax.core import solvers
 from harnax.core import validation as val
 
 Array = jax.Array
-
-
-def _log(p):
-  return jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), -jnp.inf)
 
 
 def _take(x, idx):
@@ -69,7 +65,7 @@ def _check_pair(policy, pi_star):
   return policy, pi_star
 
 
-def pair_score_errors(log_policy, scores, actions_a, actions_b, *, tau) -> Array:
+def pair_score_errors(log_policy, scores, actions_a, actions_b, tau) -> Array:
   """`e(a, b) = tau (log pi(a) - log pi(b)) - (F*(a) - F*(b))`.
 
   `log_policy` may be unnormalised (e.g. empirical log-counts): constants cancel.
@@ -103,7 +99,7 @@ def empirical_log_odds(counts, actions_a, actions_b, *, pseudocount: float = 0.5
   return _take(lc, actions_a) - _take(lc, actions_b)
 
 
-def centered_score_errors(policy, pi_star, *, tau) -> Array:
+def centered_score_errors(policy, pi_star, tau) -> Array:
   """`eps(s, a) = tau (l(s,a) - mean_{available} l(s,.))`, `l = log(pi/pi*)`.
 
   Available actions are those with `pi* > 0` (the support of `pi_ref`).
@@ -112,11 +108,12 @@ def centered_score_errors(policy, pi_star, *, tau) -> Array:
   """
   policy, pi_star = _check_pair(policy, pi_star)
   mask = pi_star > 0
-  l = jnp.where(mask, _log(policy) - _log(jnp.where(mask, pi_star, 1.0)), 0.0)
+  l = jnp.where(mask, bellman.safe_log(policy) - bellman.safe_log(jnp.where(mask, pi_star, 1.0)),
+                0.0)
   return tau * bellman.centered(l, mask)
 
 
-def score_error_range(policy, pi_star, *, tau) -> Array:
+def score_error_range(policy, pi_star, tau) -> Array:
   """`Delta_s = max_{a,b available} e_s(a, b) = tau (max l - min l)`, `[S]`.
 
   `+inf` where `pi` is zero on an available action; 0 with one available action.
@@ -127,13 +124,13 @@ def score_error_range(policy, pi_star, *, tau) -> Array:
 
 def _range(policy, pi_star, tau):
   mask = pi_star > 0
-  l = _log(policy) - _log(jnp.where(mask, pi_star, 1.0))
+  l = bellman.safe_log(policy) - bellman.safe_log(jnp.where(mask, pi_star, 1.0))
   hi = jnp.max(jnp.where(mask, l, -jnp.inf), axis=-1)
   lo = jnp.min(jnp.where(mask, l, jnp.inf), axis=-1)
   return tau * jnp.where(lo == -jnp.inf, jnp.inf, hi - lo)
 
 
-def mismatch_upper_bound(state_weights, score_ranges, *, tau, discount) -> Array:
+def mismatch_upper_bound(state_weights, score_ranges, tau, discount) -> Array:
   """`sum_s w(s) Delta_s^2 / (8 tau (1-gamma)) >= M` when `w = d^pi`.
 
   With sampled states `s_i ~ d^pi`, pass `w = 1/n` at each sample for an
@@ -172,7 +169,7 @@ def _pair_weights(policy, pi_star, actions_a, actions_b):
   return (pa + pb) * jnp.minimum(bern_var(pa, pb), bern_var(qa, qb))
 
 
-def weighted_pair_errors(policy, pi_star, actions_a, actions_b, *, tau) -> Array:
+def weighted_pair_errors(policy, pi_star, actions_a, actions_b, tau) -> Array:
   """`w(a, b) e(a, b)^2 <= 2 tau^2 KL(pi || pi*)` per state (0 where `w = 0`).
 
   Rows `[S, A]`, pairs int `[S, P]` -> `[S, P]`.
@@ -184,13 +181,13 @@ def weighted_pair_errors(policy, pi_star, actions_a, actions_b, *, tau) -> Array
 
 def _weighted_pair_errors(policy, pi_star, actions_a, actions_b, tau):
   w = _pair_weights(policy, pi_star, actions_a, actions_b)
-  lp, lq = _log(policy), _log(pi_star)
+  lp, lq = bellman.safe_log(policy), bellman.safe_log(pi_star)
   e = tau * ((_take(lp, actions_a) - _take(lp, actions_b))
              - (_take(lq, actions_a) - _take(lq, actions_b)))
   return jnp.where(w > 0, w * jnp.where(w > 0, e, 0.0) ** 2, 0.0)
 
 
-def mismatch_lower_bound(state_weights, weighted_errors, *, tau, discount) -> Array:
+def mismatch_lower_bound(state_weights, weighted_errors, tau, discount) -> Array:
   """`sum_s w(s) [w_s e_s^2] / (2 tau (1-gamma)) <= M` when `w = d^pi`.
 
   Args:
@@ -221,23 +218,10 @@ def exact_bounds(mdp, policy, pi_ref, tau, *, solution=None) -> tuple[Array, Arr
 def _exact_bounds(mdp, policy, pi_star, tau, d):
   kl = bellman.kl_between(policy, pi_star)
   m = tau / (1.0 - mdp.discount) * jnp.dot(d, kl)
-  upper = mismatch_upper_bound(d, _range(policy, pi_star, tau), tau=tau, discount=mdp.discount)
+  upper = mismatch_upper_bound(d, _range(policy, pi_star, tau), tau, mdp.discount)
   s, a = policy.shape
   aa = jnp.broadcast_to(jnp.repeat(jnp.arange(a), a), (s, a * a))
   bb = jnp.broadcast_to(jnp.tile(jnp.arange(a), a), (s, a * a))
   we = _weighted_pair_errors(policy, pi_star, aa, bb, tau)
-  lower = mismatch_lower_bound(d, jnp.max(we, axis=-1), tau=tau, discount=mdp.discount)
+  lower = mismatch_lower_bound(d, jnp.max(we, axis=-1), tau, mdp.discount)
   return lower, m, upper
-
-
-def seed_bound_violation(policy, pi_star, *, tau, discount) -> np.ndarray:
-  """Per state, `max eps^2 - KL-based M-share / (4 tau (1-gamma))` under the
-  seed's literal reading (documentation helper for the counterexample test).
-
-  Positive entries are states where `max_a eps(s,a)^2 > M_s / (4 tau (1-gamma))`
-  with `M_s = tau/(1-gamma) KL(s)` (the state's own mismatch density).
-  """
-  eps = np.asarray(centered_score_errors(policy, pi_star, tau=tau))
-  kl = np.asarray(bellman.kl_between(jnp.asarray(policy), jnp.asarray(pi_star)))
-  m_s = tau / (1.0 - discount) * kl
-  return np.max(eps ** 2, axis=-1) - m_s / (4.0 * tau * (1.0 - discount))

@@ -1,6 +1,6 @@
 """Sample-based mismatch: `M = tau/(1-gamma) E_{s ~ d^pi} KL(pi(.|s) || pi*(.|s))`.
 
-Two stages (DESIGN.md §1, REFERENCES.md "Estimators"):
+Two stages (docs/estimation.md):
 
 1. states `s_1..s_n ~ d^pi` by geometric stopping (`sampling.sample_occupancy`);
 2. at each state, N actions `a_j ~ pi(.|s_i)` through the deployed policy, and a
@@ -43,7 +43,9 @@ import numpy as np
 from harnax.core import bellman
 from harnax.core import evaluation
 from harnax.core import mdp as mdp_lib
+from harnax.core import sampling as core_sampling
 from harnax.core import validation as val
+from harnax.estimate import bootstrap
 from harnax.estimate import sampling
 
 Array = jax.Array
@@ -126,7 +128,7 @@ def plugin_kl(counts, target, *, correction: str = "miller_madow", clip: bool = 
 def _plugin_kl(counts, target, miller_madow, clip):
   n = jnp.sum(counts, axis=-1)
   p_hat = counts / n[..., None]
-  kl = bellman.kl_terms(p_hat, target)
+  kl = bellman.kl_between(p_hat, target)
   if miller_madow:
     k = jnp.sum(counts > 0, axis=-1)
     kl = kl - (k - 1) / (2.0 * n)
@@ -176,84 +178,29 @@ def _k3_terms(l):
 
 
 # ---------------------------------------------------------------------------
-# Aggregation, standard errors, bootstrap.
+# Aggregation (standard errors and intervals: `bootstrap`).
 # ---------------------------------------------------------------------------
 
-def _check_values(name, values) -> Array:
-  values = val.as_float_array(name, values)
-  if values.ndim != 1:
-    raise ValueError(f"{name}: expected a 1-D array of per-state values, got shape "
-                     f"{list(values.shape)}")
-  if values.shape[0] == 0:
-    raise ValueError(f"{name}: expected at least one sampled state, got an empty array")
-  return values
-
-
-def mismatch_from_state_kls(state_kls, *, tau, discount) -> Array:
+def mismatch_from_state_kls(state_kls, tau, discount) -> Array:
   """`tau/(1-gamma) * mean_i KL_hat(s_i)` for states `s_i ~ d^pi`. `[n]` -> scalar."""
-  state_kls = _check_values("state_kls", state_kls)
+  state_kls = bootstrap.check_values("state_kls", state_kls)
   val.check_temperature(tau)
   val.check_discount(discount)
   return tau / (1.0 - discount) * jnp.mean(state_kls)
-
-
-@functools.partial(jax.jit, static_argnames=("num_resamples",))
-def _bootstrap(key, values, confidence, num_resamples):
-  n = values.shape[0]
-  idx = jax.random.randint(key, (num_resamples, n), 0, n)
-  means = jnp.mean(values[idx], axis=-1)
-  alpha = (1.0 - confidence) / 2.0
-  return jnp.quantile(means, alpha), jnp.quantile(means, 1.0 - alpha)
-
-
-def bootstrap_ci(key, values, *, confidence: float = 0.9, num_resamples: int = 1000,
-                 scale=1.0) -> tuple[Array, Array]:
-  """Percentile-bootstrap interval for `scale * mean(values)`, resampling states.
-
-  Args:
-    key: a `jax.random` key.
-    values: `[n]` i.i.d. per-state values, n >= 1.
-    confidence: nominal coverage in (0, 1).
-    num_resamples: bootstrap replicates (static).
-    scale: multiplies the interval (e.g. `tau/(1-gamma)`), > 0.
-
-  Returns:
-    `(low, high)` scalars.
-  """
-  values = _check_values("values", values)
-  _check_bootstrap(confidence, num_resamples)
-  lo, hi = _bootstrap(key, values, confidence, num_resamples)
-  return scale * lo, scale * hi
-
-
-def _check_bootstrap(confidence, num_resamples):
-  c = val.host(confidence)
-  if c is not None and not 0.0 < float(c) < 1.0:
-    raise ValueError(f"confidence: expected a level in (0, 1), got {confidence}")
-  sampling._check_count("num_resamples", num_resamples)
-
-
-def _stderr(values):
-  n = values.shape[0]
-  return jnp.where(n > 1, jnp.std(values, ddof=1) / jnp.sqrt(jnp.maximum(n, 1)), jnp.inf)
 
 
 # ---------------------------------------------------------------------------
 # End-to-end estimators on tabular MDPs.
 # ---------------------------------------------------------------------------
 
-def _log(p):
-  return jnp.where(p > 0, jnp.log(jnp.where(p > 0, p, 1.0)), -jnp.inf)
-
-
 def _state_kl_estimates(key, policy, pi_star, states, num_action_samples, estimator):
   """Per-state estimates at `states` (any shape) from N sampled actions each."""
   rows = policy[states]                                    # [..., A]
   u = jax.random.uniform(key, states.shape + (num_action_samples,), rows.dtype)
-  actions = sampling._inverse_cdf(u, rows[..., None, :])          # [..., N]
+  actions = core_sampling.inverse_cdf(u, rows[..., None, :])        # [..., N]
   if estimator in ("k1", "k3"):
-    lp = jnp.take_along_axis(_log(rows), actions, axis=-1)
-    lq = jnp.take_along_axis(_log(pi_star[states]), actions, axis=-1)
+    lp = jnp.take_along_axis(bellman.safe_log(rows), actions, axis=-1)
+    lq = jnp.take_along_axis(bellman.safe_log(pi_star[states]), actions, axis=-1)
     l = lp - lq
     return jnp.mean(l if estimator == "k1" else _k3_terms(l), axis=-1)
   counts = jnp.sum(jax.nn.one_hot(actions, rows.shape[-1], dtype=rows.dtype), axis=-2)
@@ -262,14 +209,13 @@ def _state_kl_estimates(key, policy, pi_star, states, num_action_samples, estima
 
 def _check_estimator_inputs(mdp, policy, pi_star, tau, estimator, num_action_samples):
   mdp_lib.check_single_mdp(mdp)
-  policy = sampling._check_policy(mdp, policy)
-  pi_star = sampling._check_policy(mdp, pi_star, "pi_star")
-  val.check_temperature(tau)
-  if jnp.ndim(tau) != 0:
-    raise ValueError(f"tau: expected a scalar, got shape {list(jnp.shape(tau))}")
+  s, a, dtype = mdp.num_states, mdp.num_actions, mdp.rewards.dtype
+  policy = val.check_policy_array("policy", policy, s, a, dtype)
+  pi_star = val.check_policy_array("pi_star", pi_star, s, a, dtype)
+  val.check_temperature(tau, scalar=True)
   if estimator not in ESTIMATORS:
     raise ValueError(f"estimator: expected one of {ESTIMATORS}, got {estimator!r}")
-  sampling._check_count("num_action_samples", num_action_samples)
+  val.check_count("num_action_samples", num_action_samples)
   p, q = val.host(policy), val.host(pi_star)
   if p is not None and q is not None and np.any((p > 0) & (q <= 0)):
     s, a = (int(i) for i in np.argwhere((p > 0) & (q <= 0))[0])
@@ -302,26 +248,27 @@ def estimate_mismatch(key, mdp, policy, pi_star, tau, *, num_states: int,
   """
   policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
                                                  num_action_samples)
-  sampling._check_count("num_states", num_states)
-  sampling._check_count("max_steps", max_steps, 0)
-  _check_bootstrap(confidence, num_resamples)
+  val.check_count("num_states", num_states)
+  val.check_count("max_steps", max_steps, 0)
+  bootstrap.check_bootstrap_options(confidence, num_resamples)
   return _estimate_mismatch(key, mdp, policy, pi_star, tau, num_states, num_action_samples,
-                            estimator, jnp.asarray(max_steps, jnp.int32), confidence,
-                            num_resamples)
+                            estimator, max_steps, confidence, num_resamples)
 
 
-@functools.partial(jax.jit, static_argnums=(5, 6, 7, 10))
+@functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 10))
 def _estimate_mismatch(key, mdp, policy, pi_star, tau, num_states, num_action_samples,
                        estimator, max_steps, confidence, num_resamples):
   k_occ, k_act, k_boot = jax.random.split(key, 3)
-  occ = sampling._sample_occupancy.__wrapped__(k_occ, mdp, policy, num_states, max_steps)
+  occ = sampling.sample_occupancy(k_occ, mdp, policy, num_samples=num_states,
+                                  max_steps=max_steps)
   kls = _state_kl_estimates(k_act, policy, pi_star, occ.states, num_action_samples, estimator)
   scale = tau / (1.0 - mdp.discount)
-  lo, hi = _bootstrap.__wrapped__(k_boot, kls, confidence, num_resamples)
+  lo, hi = bootstrap.bootstrap_ci(k_boot, kls, confidence=confidence,
+                                  num_resamples=num_resamples, scale=scale)
   max_kl = jnp.max(bellman.kl_between(policy, pi_star))
   return MismatchEstimate(
-      value=scale * jnp.mean(kls), per_state=kls, stderr=scale * _stderr(kls), ci_low=scale * lo,
-      ci_high=scale * hi, truncation_bias=scale * occ.truncation_bias * max_kl,
+      value=scale * jnp.mean(kls), per_state=kls, stderr=scale * bootstrap.standard_error(kls),
+      ci_low=lo, ci_high=hi, truncation_bias=scale * occ.truncation_bias * max_kl,
       env_steps=jnp.sum(occ.steps), action_samples=jnp.asarray(num_states * num_action_samples))
 
 
@@ -347,9 +294,9 @@ def every_step_mismatch(key, mdp, policy, pi_star, tau, *, num_rollouts: int, ho
   """
   policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
                                                  num_action_samples)
-  sampling._check_count("num_rollouts", num_rollouts)
-  sampling._check_count("horizon", horizon)
-  _check_bootstrap(confidence, num_resamples)
+  val.check_count("num_rollouts", num_rollouts)
+  val.check_count("horizon", horizon)
+  bootstrap.check_bootstrap_options(confidence, num_resamples)
   return _every_step(key, mdp, policy, pi_star, tau, num_rollouts, horizon, num_action_samples,
                      estimator, confidence, num_resamples)
 
@@ -358,15 +305,16 @@ def every_step_mismatch(key, mdp, policy, pi_star, tau, *, num_rollouts: int, ho
 def _every_step(key, mdp, policy, pi_star, tau, num_rollouts, horizon, num_action_samples,
                 estimator, confidence, num_resamples):
   k_roll, k_act, k_boot = jax.random.split(key, 3)
-  traj = sampling._trajectories.__wrapped__(k_roll, mdp, policy, num_rollouts, horizon)
+  traj = core_sampling.rollout(k_roll, mdp, policy, num_envs=num_rollouts, num_steps=horizon)
   kls = _state_kl_estimates(k_act, policy, pi_star, traj.states, num_action_samples, estimator)
   weights = mdp.discount ** jnp.arange(horizon, dtype=kls.dtype)
   sums = kls @ weights
-  lo, hi = _bootstrap.__wrapped__(k_boot, sums, confidence, num_resamples)
+  lo, hi = bootstrap.bootstrap_ci(k_boot, sums, confidence=confidence,
+                                  num_resamples=num_resamples, scale=tau)
   max_kl = jnp.max(bellman.kl_between(policy, pi_star))
   return MismatchEstimate(
-      value=tau * jnp.mean(sums), per_state=sums, stderr=tau * _stderr(sums), ci_low=tau * lo,
-      ci_high=tau * hi,
+      value=tau * jnp.mean(sums), per_state=sums, stderr=tau * bootstrap.standard_error(sums),
+      ci_low=lo, ci_high=hi,
       truncation_bias=tau * mdp.discount ** horizon * max_kl / (1.0 - mdp.discount),
       env_steps=jnp.asarray(num_rollouts * horizon),
       action_samples=jnp.asarray(num_rollouts * horizon * num_action_samples))
@@ -374,7 +322,7 @@ def _every_step(key, mdp, policy, pi_star, tau, num_rollouts, horizon, num_actio
 
 def mismatch_estimator_variance(mdp, policy, pi_star, tau, *, num_states: int,
                                 num_action_samples: int, estimator: str = "k1") -> Array:
-  """`(tau/(1-gamma))^2 [Var_d KL(s) + E_d Var(k|s)/N] / n` (REFERENCES.md).
+  """`(tau/(1-gamma))^2 [Var_d KL(s) + E_d Var(k|s)/N] / n` (docs/estimation.md).
 
   `Var(k|s)` is the variance of one sampled action's term: `l` for `"k1"` (the
   formula is then exact), `exp(-l) - 1 + l` for `"k3"` (exact), and `l` for the
@@ -385,11 +333,11 @@ def mismatch_estimator_variance(mdp, policy, pi_star, tau, *, num_states: int,
   """
   policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
                                                  num_action_samples)
-  n = sampling._check_count("num_states", num_states)
+  n = val.check_count("num_states", num_states)
   d = evaluation.occupancy(mdp, policy)
   kl = bellman.kl_between(policy, pi_star)
   pos = policy > 0
-  l = jnp.where(pos, _log(policy) - _log(jnp.where(pos, pi_star, 1.0)), 0.0)
+  l = bellman.log_ratio(policy, pi_star)
   if estimator == "k3":
     terms = jnp.where(pos, _k3_terms(l), 0.0)
     mean_t = jnp.sum(policy * terms, -1)

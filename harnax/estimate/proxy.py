@@ -1,4 +1,4 @@
-"""Proxy-optimum estimates from deployment logs (DESIGN.md §1, seed 000).
+"""Proxy-optimum estimates from deployment logs (the harness-transfer study).
 
 Where no optimum can be solved for (coding agents), a stronger model stands in
 for `pi*`. At each decision of the deployed policy's own episodes, both models'

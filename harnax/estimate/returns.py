@@ -19,9 +19,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from harnax.core import bellman
 from harnax.core import evaluation
-from harnax.estimate import mismatch as mismatch_lib
-from harnax.estimate import sampling
+from harnax.core import sampling
+from harnax.core import validation as val
+from harnax.estimate import bootstrap
 
 Array = jax.Array
 
@@ -63,9 +65,9 @@ def rollout_return(key, mdp, policy, pi_ref, tau, *, num_rollouts: int, horizon:
     `ReturnEstimate`.
   """
   policy, pi_ref, tau = evaluation.check_policy_inputs(mdp, policy, pi_ref, tau)
-  sampling._check_count("num_rollouts", num_rollouts)
-  sampling._check_count("horizon", horizon)
-  mismatch_lib._check_bootstrap(confidence, num_resamples)
+  val.check_count("num_rollouts", num_rollouts)
+  val.check_count("horizon", horizon)
+  bootstrap.check_bootstrap_options(confidence, num_resamples)
   return _rollout_return(key, mdp, policy, pi_ref, tau, num_rollouts, horizon, confidence,
                          num_resamples)
 
@@ -74,16 +76,16 @@ def rollout_return(key, mdp, policy, pi_ref, tau, *, num_rollouts: int, horizon:
 def _rollout_return(key, mdp, policy, pi_ref, tau, num_rollouts, horizon, confidence,
                     num_resamples):
   k_roll, k_boot = jax.random.split(key)
-  traj = sampling._trajectories(k_roll, mdp, policy, num_rollouts, horizon)
-  lp = mismatch_lib._log(policy)[traj.states, traj.actions]
-  lr = mismatch_lib._log(pi_ref)[traj.states, traj.actions]
-  steps = traj.rewards - tau * (lp - lr)
+  traj = sampling.rollout(k_roll, mdp, policy, num_envs=num_rollouts, num_steps=horizon)
+  # Sampled actions have pi > 0, so the log-ratio is finite.
+  steps = traj.rewards - tau * bellman.log_ratio(policy, pi_ref)[traj.states, traj.actions]
   weights = mdp.discount ** jnp.arange(horizon, dtype=steps.dtype)
   returns = steps @ weights
-  lo, hi = mismatch_lib._bootstrap(k_boot, returns, confidence, num_resamples)
+  lo, hi = bootstrap.bootstrap_ci(k_boot, returns, confidence=confidence,
+                                  num_resamples=num_resamples)
   c = evaluation.regularized_reward(mdp, policy, pi_ref, tau)
   return ReturnEstimate(
-      value=jnp.mean(returns), per_rollout=returns, stderr=mismatch_lib._stderr(returns),
+      value=jnp.mean(returns), per_rollout=returns, stderr=bootstrap.standard_error(returns),
       ci_low=lo, ci_high=hi,
       truncation_bias=mdp.discount ** horizon * jnp.max(jnp.abs(c)) / (1.0 - mdp.discount),
       env_steps=jnp.asarray(num_rollouts * horizon),

@@ -1,7 +1,7 @@
-"""Sampling states and trajectories from a deployed policy.
+"""Sampling states from the discounted occupancy of a deployed policy.
 
-Geometric stopping (REFERENCES.md, "Estimators"): start at `s0 ~ mu0`; before
-each step stop with probability `1 - gamma` and emit the current state. The
+Geometric stopping (docs/estimation.md §1): start at `s0 ~ mu0`; before each
+step stop with probability `1 - gamma` and emit the current state. The
 stopping time has `P(T = t) = (1 - gamma) gamma^t`, so the emitted state is
 distributed as
 
@@ -13,9 +13,10 @@ sampler's distribution differs from `d^pi` only on the event `T >= max_steps`,
 which has probability `gamma^max_steps`, so its total-variation distance to
 `d^pi` is at most `gamma^max_steps` (the returned `truncation_bias`).
 
-The JAX samplers take one MDP (dense or sparse) and an explicit key; batch
-over MDPs with `jax.vmap`. `sample_occupancy_gym` runs any gymnasium
-environment in a Python loop.
+`sample_occupancy` takes one MDP (dense or sparse) and a key first, and builds
+on the transition kernels of `harnax.core.sampling` (fixed-horizon rollouts
+are `harnax.core.sampling.rollout`); batch over MDPs with `jax.vmap`.
+`sample_occupancy_gym` runs any gymnasium environment in a Python loop.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 from jax import lax
 
 from harnax.core import mdp as mdp_lib
+from harnax.core import sampling as core_sampling
 from harnax.core import validation as val
 
 Array = jax.Array
@@ -49,66 +51,6 @@ class OccupancySamples(NamedTuple):
   steps: Array
   truncated: Array
   truncation_bias: Array
-
-
-class Trajectories(NamedTuple):
-  """Fixed-horizon rollouts of a policy.
-
-  Attributes:
-    states: int32 `[n, H]`, `s_0 .. s_{H-1}`.
-    actions: int32 `[n, H]`, `a_t ~ pi(.|s_t)`.
-    rewards: `[n, H]`, `r(s_t, a_t)`.
-  """
-
-  states: Array
-  actions: Array
-  rewards: Array
-
-
-def _check_policy(mdp, policy, name="policy") -> Array:
-  val.check_shape(name, policy, (mdp.num_states, mdp.num_actions), "[num_states, num_actions]")
-  val.check_distribution(name, policy)
-  return val.as_float_array(name, policy, mdp.rewards.dtype)
-
-
-def _check_count(name: str, n: Any, minimum: int = 1) -> int:
-  if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
-    raise ValueError(f"{name}: expected an integer >= {minimum}, got {n!r}")
-  if n < minimum:
-    raise ValueError(f"{name}: expected an integer >= {minimum}, got {n}")
-  return int(n)
-
-
-def _inverse_cdf(u: Array, probs: Array) -> Array:
-  """The index `i` with `cdf[i-1] <= u < cdf[i]` for `u ~ U[0, 1)`; `probs [..., K]`.
-
-  Zero-probability entries have empty intervals and are never drawn; the clip
-  to the last positive entry absorbs rounding of the cumulative sum. One
-  uniform per draw keeps the compiled loop small (cheaper than Gumbel-max).
-  """
-  cdf = jnp.cumsum(probs, axis=-1)
-  idx = jnp.sum(cdf <= u[..., None], axis=-1)
-  k = probs.shape[-1]
-  last = k - 1 - jnp.argmax(jnp.flip(probs > 0, axis=-1), axis=-1)
-  return jnp.minimum(idx, last).astype(jnp.int32)
-
-
-def _categorical(key, probs: Array) -> Array:
-  """One draw from `probs` (`[..., K]`); zeros are never drawn."""
-  u = jax.random.uniform(key, probs.shape[:-1], dtype=probs.dtype)
-  return _inverse_cdf(u, probs)
-
-
-def _next_state(u, mdp, state, action):
-  if isinstance(mdp, mdp_lib.TabularMDP):
-    return _inverse_cdf(u, mdp.transitions[state, action])
-  k = _inverse_cdf(u, mdp.probabilities[state, action])
-  return mdp.successors[state, action, k]
-
-
-def step(key, mdp: mdp_lib.AnyMDP, state: Array, action: Array) -> Array:
-  """One transition `s' ~ P(.|s, a)` of a dense or sparse MDP. Scalar int32."""
-  return _next_state(jax.random.uniform(key, (), mdp.rewards.dtype), mdp, state, action)
 
 
 def _geometric(key, discount, shape) -> Array:
@@ -137,21 +79,23 @@ def sample_occupancy(key, mdp: mdp_lib.AnyMDP, policy, *, num_samples: int,
     `OccupancySamples` with `states [num_samples]`.
   """
   mdp_lib.check_single_mdp(mdp)
-  policy = _check_policy(mdp, policy)
-  num_samples = _check_count("num_samples", num_samples)
-  max_steps = _check_count("max_steps", max_steps, 0)
+  policy = val.check_policy_array("policy", policy, mdp.num_states, mdp.num_actions,
+                                  mdp.rewards.dtype)
+  num_samples = val.check_count("num_samples", num_samples)
+  max_steps = val.check_count("max_steps", max_steps, 0)
+  # max_steps is traced, so a new cap does not recompile.
   return _sample_occupancy(key, mdp, policy, num_samples, jnp.asarray(max_steps, jnp.int32))
 
 
 def _rollout_to(key, mdp, policy, stop):
   k0, kloop = jax.random.split(key)
-  s0 = _categorical(k0, mdp.initial)
+  s0 = core_sampling.categorical(k0, mdp.initial)
 
   def body(carry):
     t, s = carry
     u = jax.random.uniform(jax.random.fold_in(kloop, t), (2,), mdp.rewards.dtype)
-    a = _inverse_cdf(u[0], policy[s])
-    return t + 1, _next_state(u[1], mdp, s, a)
+    a = core_sampling.inverse_cdf(u[0], policy[s])
+    return t + 1, core_sampling.next_state(u[1], mdp, s, a)
 
   _, s = lax.while_loop(lambda c: c[0] < stop, body, (jnp.int32(0), s0))
   return s
@@ -169,48 +113,9 @@ def _sample_occupancy(key, mdp, policy, num_samples, max_steps):
                           truncation_bias=mdp.discount ** max_steps.astype(mdp.discount.dtype))
 
 
-def sample_trajectories(key, mdp: mdp_lib.AnyMDP, policy, *, num_rollouts: int,
-                        horizon: int) -> Trajectories:
-  """`num_rollouts` independent rollouts of `horizon` steps from `mu0` (`lax.scan`).
-
-  Args:
-    key: a `jax.random` key.
-    mdp: one MDP.
-    policy: `[S, A]`.
-    num_rollouts: >= 1.
-    horizon: H >= 1 (static).
-
-  Returns:
-    `Trajectories` with `[num_rollouts, horizon]` fields.
-  """
-  mdp_lib.check_single_mdp(mdp)
-  policy = _check_policy(mdp, policy)
-  num_rollouts = _check_count("num_rollouts", num_rollouts)
-  horizon = _check_count("horizon", horizon)
-  return _trajectories(key, mdp, policy, num_rollouts, horizon)
-
-
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _trajectories(key, mdp, policy, num_rollouts, horizon):
-  keys = jax.random.split(key, num_rollouts)
-  return jax.vmap(_trajectory, in_axes=(0, None, None, None))(keys, mdp, policy, horizon)
-
-
-def _trajectory(key, mdp, policy, horizon):
-  k0, kloop = jax.random.split(key)
-  s0 = _categorical(k0, mdp.initial)
-  uniforms = jax.random.uniform(kloop, (horizon, 2), mdp.rewards.dtype)
-
-  def body(s, u):
-    a = _inverse_cdf(u[0], policy[s])
-    return _next_state(u[1], mdp, s, a), (s, a, mdp.rewards[s, a])
-
-  _, (states, actions, rewards) = lax.scan(body, s0, uniforms)
-  return Trajectories(states=states, actions=actions, rewards=rewards)
-
-
-def state_histogram(states, num_states: int) -> Array:
+def state_histogram(states, *, num_states: int) -> Array:
   """Empirical distribution of sampled states, `[n]` -> `[num_states]`."""
+  num_states = val.check_count("num_states", num_states)
   states = jnp.asarray(states)
   if states.size == 0:
     raise ValueError("states: expected at least one sampled state, got an empty array")
@@ -244,33 +149,33 @@ class GymOccupancySamples(NamedTuple):
   truncation_bias: float
 
 
-def sample_occupancy_gym(env, policy_fn: Callable[[Any, np.random.Generator], Any], *,
-                         num_samples: int, discount: float, rng: np.random.Generator,
-                         max_steps: int = 10_000) -> GymOccupancySamples:
+def sample_occupancy_gym(rng: np.random.Generator, env,
+                         policy_fn: Callable[[Any, np.random.Generator], Any], discount: float,
+                         *, num_samples: int, max_steps: int = 10_000) -> GymOccupancySamples:
   """Geometric stopping on any gymnasium environment (Python loop).
 
   Each rollout resets `env` with a seed drawn from `rng`, draws
   `T ~ Geometric(1 - gamma)` (support 0, 1, ...), and steps `min(T, max_steps)`
   times with `action = policy_fn(observation, rng)`. An episode that
-  terminates earlier is treated as absorbed in its terminal state (DESIGN.md
-  §1), whose observation is emitted. Gymnasium *truncation* (a time limit) is
+  terminates earlier is treated as absorbed in its terminal state (terminal
+  states are absorbing), whose observation is emitted. Gymnasium *truncation* (a time limit) is
   not part of the MDP: it also ends the rollout early, and those samples are
   flagged in `ended` too — wrap environments without a time limit for exact
   occupancy samples.
 
   Args:
+    rng: a `numpy.random.Generator` (all randomness, including env seeds).
     env: a `gymnasium.Env`.
     policy_fn: `(observation, rng) -> action`, the deployed policy.
-    num_samples: number of states to emit, >= 1.
     discount: gamma in [0, 1).
-    rng: a `numpy.random.Generator` (all randomness, including env seeds).
+    num_samples: number of states to emit, >= 1.
     max_steps: per-rollout cap (bias <= `gamma^max_steps` in total variation).
 
   Returns:
     `GymOccupancySamples`.
   """
-  num_samples = _check_count("num_samples", num_samples)
-  max_steps = _check_count("max_steps", max_steps, 0)
+  num_samples = val.check_count("num_samples", num_samples)
+  max_steps = val.check_count("max_steps", max_steps, 0)
   if not (0.0 <= float(discount) < 1.0):
     raise ValueError(f"discount: expected 0 <= gamma < 1, got {discount}")
   if not isinstance(rng, np.random.Generator):

@@ -165,8 +165,8 @@ def test_empirical_log_odds_recover_the_policy_log_odds():
   assert np.isfinite(float(lo.empirical_log_odds(np.array([4, 0]), 0, 1)))
 
 
-def test_seed_literal_form_is_not_scale_consistent():
-  # Seed 000 read literally: max_a eps(s, a)^2 <= M / (4 tau (1 - gamma)). Scaling
+def test_study_literal_form_is_not_scale_consistent():
+  # The harness-transfer study's bound read literally: max_a eps(s, a)^2 <= M / (4 tau (1 - gamma)). Scaling
   # rewards and tau by c leaves both policies unchanged, multiplies scores, score
   # errors and M by c: the left side grows as c^2, the right side not at all.
   mdp, ref, pi, tau = _mdp_case(5, 4, 3, 0.9, 0.3, 1.0, 0.0)
@@ -185,14 +185,23 @@ def test_seed_literal_form_is_not_scale_consistent():
   assert lhs2 > rhs2     # so the literal form fails at large enough scale
 
 
-def test_seed_literal_form_fails_on_rarely_taken_actions():
+def _literal_bound_violation(policy, pi_star, tau, gamma):
+  """Per state, `max_a eps(s, a)^2 - M_s / (4 tau (1 - gamma))` in NumPy, with
+  `M_s = tau / (1 - gamma) KL(s)`: positive where the literal form fails."""
+  l = np.log(policy) - np.log(pi_star)
+  eps = tau * (l - l.mean(-1, keepdims=True))
+  kl = np.array([_kl(p, q) for p, q in zip(policy, pi_star)])
+  return np.max(eps ** 2, -1) - tau / (1 - gamma) * kl / (4 * tau * (1 - gamma))
+
+
+def test_study_literal_form_fails_on_rarely_taken_actions():
   # Both policies almost never take action 2, but disagree on it by a factor e^10:
   # its score error is large while KL (hence M) is tiny.
   tau, gamma = 1.0, 0.5
   q = np.array([[0.5, 0.5 - 1e-9, 1e-9]])
   p = np.array([[0.5, 0.5 - 1e-9 * np.exp(-10), 1e-9 * np.exp(-10)]])
   p = p / p.sum()
-  viol = lo.seed_bound_violation(p, q, tau=tau, discount=gamma)
+  viol = _literal_bound_violation(p, q, tau, gamma)
   assert viol[0] > 10.0
   # The corrected upper bound still holds.
   kl = _kl(p[0], q[0])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import harnax as hx
+from harnax.estimate import bootstrap
 from harnax.estimate import mismatch as mm
 
 TAU = 0.5
@@ -176,9 +177,12 @@ def test_float32_sparse_estimate_runs_and_agrees():
 
 def test_mismatch_from_state_kls_and_bootstrap(problem):
   kls = jnp.array([0.1, 0.3, 0.2, 0.4])
-  assert float(mm.mismatch_from_state_kls(kls, tau=2.0, discount=0.5)) == pytest.approx(1.0)
-  lo, hi = mm.bootstrap_ci(jax.random.PRNGKey(0), kls, num_resamples=500, scale=4.0)
+  assert float(mm.mismatch_from_state_kls(kls, 2.0, 0.5)) == pytest.approx(1.0)
+  lo, hi = bootstrap.bootstrap_ci(jax.random.PRNGKey(0), kls, num_resamples=500, scale=4.0)
   assert 4 * 0.1 <= float(lo) <= 4 * 0.25 <= float(hi) <= 4 * 0.4
+  # sample std 0.1291 (ddof=1) over sqrt(4)
+  assert float(bootstrap.standard_error(kls)) == pytest.approx(np.sqrt(0.05 / 3) / 2)
+  assert float(bootstrap.standard_error(kls[:1])) == np.inf
 
 
 def test_bad_input_raises_naming_the_field(problem):
@@ -197,9 +201,11 @@ def test_bad_input_raises_naming_the_field(problem):
   with pytest.raises(ValueError, match="state_kls"):
     mm.mismatch_from_state_kls(jnp.zeros((0,)), tau=1.0, discount=0.5)
   with pytest.raises(ValueError, match="values"):
-    mm.bootstrap_ci(key, jnp.zeros((0,)))
+    bootstrap.bootstrap_ci(key, jnp.zeros((0,)))
   with pytest.raises(ValueError, match="confidence"):
-    mm.bootstrap_ci(key, jnp.ones(3), confidence=1.5)
+    bootstrap.bootstrap_ci(key, jnp.ones(3), confidence=1.5)
+  with pytest.raises(ValueError, match="num_resamples"):
+    bootstrap.bootstrap_ci(key, jnp.ones(3), num_resamples=0)
   kw = dict(num_states=10, num_action_samples=2)
   with pytest.raises(ValueError, match="num_action_samples"):
     mm.estimate_mismatch(key, mdp, pi, pi_star, TAU, num_states=10, num_action_samples=0)

@@ -1,4 +1,4 @@
-"""Geometric stopping reproduces d^pi; fixed-horizon rollouts; the gymnasium sampler."""
+"""Geometric stopping reproduces d^pi (JAX and gymnasium samplers); histograms."""
 
 import gymnasium as gym
 import jax
@@ -45,10 +45,21 @@ def test_stopping_time_is_geometric():
     assert abs(np.mean(steps == t) - 0.3 * 0.7 ** t) < 0.012
 
 
+# Upper 1e-6 tail of the chi-square distribution with 6 degrees of freedom (7 states):
+# a correct sampler fails the goodness-of-fit test below with probability 1e-6.
+CHI2_6DOF_1E6 = 38.26
+
+
 def test_zero_discount_emits_the_initial_distribution():
   mdp, pi = _problem(discount=0.0)
+  mu0 = np.array([0.3, 0.25, 0.2, 0.1, 0.08, 0.05, 0.02])  # not uniform, so order matters
+  mdp = mdp.replace(initial=mu0)
   occ = sampling.sample_occupancy(jax.random.PRNGKey(5), mdp, pi, num_samples=N)
   assert int(jnp.max(occ.steps)) == 0
+  # With gamma = 0 the rollout stops before its first step: states ~ mu0 (Pearson test).
+  counts = np.bincount(np.asarray(occ.states), minlength=7)
+  chi2 = float(np.sum((counts - N * mu0) ** 2 / (N * mu0)))
+  assert chi2 < CHI2_6DOF_1E6
 
 
 def test_cap_flags_truncated_rollouts_and_bounds_the_bias():
@@ -60,7 +71,7 @@ def test_cap_flags_truncated_rollouts_and_bounds_the_bias():
 
 
 def test_state_histogram_and_total_variation():
-  h = sampling.state_histogram(jnp.array([0, 2, 2, 1]), 4)
+  h = sampling.state_histogram(jnp.array([0, 2, 2, 1]), num_states=4)
   np.testing.assert_allclose(h, [0.25, 0.25, 0.5, 0.0])
   assert float(sampling.total_variation(h, jnp.array([0.5, 0.5, 0.0, 0.0]))) == pytest.approx(0.5)
 
@@ -69,24 +80,9 @@ def test_sampler_vmaps_over_keys_and_jits():
   mdp, pi = _problem()
   keys = jax.random.split(jax.random.PRNGKey(7), 3)
   f = lambda k: sampling.sample_occupancy(k, mdp, pi, num_samples=10).states  # noqa: E731
-  out = jax.vmap(f)(keys)
+  out = jax.jit(jax.vmap(f))(keys)
   assert out.shape == (3, 10)
   np.testing.assert_array_equal(out[1], f(keys[1]))
-
-
-def test_trajectories_match_state_marginals():
-  mdp, pi = _problem()
-  traj = sampling.sample_trajectories(jax.random.PRNGKey(8), mdp, pi, num_rollouts=N,
-                                      horizon=3)
-  assert traj.states.shape == traj.actions.shape == traj.rewards.shape == (N, 3)
-  p_pi = np.einsum("sa,sat->st", np.asarray(pi), np.asarray(mdp.transitions))
-  marg = np.asarray(mdp.initial) @ p_pi @ p_pi
-  emp = np.bincount(np.asarray(traj.states[:, 2]), minlength=7) / N
-  assert 0.5 * np.abs(emp - marg).sum() < 0.02
-  r = np.asarray(mdp.rewards)[np.asarray(traj.states), np.asarray(traj.actions)]
-  np.testing.assert_allclose(np.asarray(traj.rewards), r)
-  # Actions never leave the policy's support.
-  assert np.all(np.asarray(pi)[np.asarray(traj.states), np.asarray(traj.actions)] > 0)
 
 
 def _frozen_lake_mdp(env, discount):
@@ -113,8 +109,8 @@ def test_gym_sampler_reproduces_occupancy_on_frozen_lake():
   d = np.asarray(hx.occupancy(_frozen_lake_mdp(env, 0.9), table))
   tvs = []
   for n in (300, 6000):
-    out = sampling.sample_occupancy_gym(env, policy_fn, num_samples=n, discount=0.9,
-                                        rng=np.random.default_rng(0))
+    out = sampling.sample_occupancy_gym(np.random.default_rng(0), env, policy_fn, 0.9,
+                                        num_samples=n)
     emp = np.bincount(np.asarray(out.observations), minlength=16) / n
     tvs.append(0.5 * np.abs(emp - d).sum())
     assert out.env_steps == int(out.steps.sum())
@@ -125,8 +121,8 @@ def test_gym_sampler_reproduces_occupancy_on_frozen_lake():
 
 def test_gym_sampler_caps_rollouts():
   env = gym.make("FrozenLake-v1", is_slippery=False)
-  out = sampling.sample_occupancy_gym(env, lambda o, r: 2, num_samples=50, discount=0.99,
-                                      rng=np.random.default_rng(1), max_steps=2)
+  out = sampling.sample_occupancy_gym(np.random.default_rng(1), env, lambda o, r: 2, 0.99,
+                                      num_samples=50, max_steps=2)
   assert out.steps.max() <= 2
   assert out.truncation_bias == pytest.approx(0.99 ** 2)
 
@@ -139,13 +135,13 @@ def test_bad_inputs_raise_naming_the_field():
     sampling.sample_occupancy(jax.random.PRNGKey(0), mdp, pi * 0.5, num_samples=4)
   with pytest.raises(ValueError, match="mdp"):
     sampling.sample_occupancy(jax.random.PRNGKey(0), hx.stack([mdp, mdp]), pi, num_samples=4)
-  with pytest.raises(ValueError, match="horizon"):
-    sampling.sample_trajectories(jax.random.PRNGKey(0), mdp, pi, num_rollouts=2, horizon=0)
+  with pytest.raises(ValueError, match="max_steps"):
+    sampling.sample_occupancy(jax.random.PRNGKey(0), mdp, pi, num_samples=4, max_steps=-1)
   with pytest.raises(ValueError, match="states"):
-    sampling.state_histogram(jnp.zeros((0,), jnp.int32), 7)
+    sampling.state_histogram(jnp.zeros((0,), jnp.int32), num_states=7)
   env = FrozenLakeEnv()
   with pytest.raises(ValueError, match="discount"):
-    sampling.sample_occupancy_gym(env, lambda o, r: 0, num_samples=2, discount=1.0,
-                                  rng=np.random.default_rng(0))
+    sampling.sample_occupancy_gym(np.random.default_rng(0), env, lambda o, r: 0, 1.0,
+                                  num_samples=2)
   with pytest.raises(ValueError, match="rng"):
-    sampling.sample_occupancy_gym(env, lambda o, r: 0, num_samples=2, discount=0.5, rng=0)
+    sampling.sample_occupancy_gym(0, env, lambda o, r: 0, 0.5, num_samples=2)
