@@ -43,8 +43,20 @@ def _validate_common(kernel_name, kernel, rewards, discount, initial, batch, s, 
   val.check_discount(discount)
 
 
+class _Sizes:
+  """`num_states` and `num_actions` read from `rewards [..., S, A]` (both containers)."""
+
+  @property
+  def num_states(self) -> int:
+    return self.rewards.shape[-2]
+
+  @property
+  def num_actions(self) -> int:
+    return self.rewards.shape[-1]
+
+
 @pytree.container
-class TabularMDP:
+class TabularMDP(_Sizes):
   """A finite MDP with dense transitions.
 
   Attributes:
@@ -85,21 +97,13 @@ class TabularMDP:
     return pytree.unvalidated(cls, transitions=transitions, rewards=rewards, discount=discount,
                               initial=initial)
 
-  @property
-  def num_states(self) -> int:
-    return self.rewards.shape[-2]
-
-  @property
-  def num_actions(self) -> int:
-    return self.rewards.shape[-1]
-
   def __repr__(self):
     return (f"TabularMDP(S={self.num_states}, A={self.num_actions}, "
             f"dtype={self.rewards.dtype}, batch={tuple(self.rewards.shape[:-2])})")
 
 
 @pytree.container
-class SparseTabularMDP:
+class SparseTabularMDP(_Sizes):
   """A finite MDP with K successors per state-action (K = 1: deterministic).
 
   Attributes:
@@ -156,14 +160,6 @@ class SparseTabularMDP:
     """An `in_axes` spec for `jax.vmap`."""
     return pytree.unvalidated(cls, successors=successors, probabilities=probabilities,
                               rewards=rewards, discount=discount, initial=initial)
-
-  @property
-  def num_states(self) -> int:
-    return self.rewards.shape[-2]
-
-  @property
-  def num_actions(self) -> int:
-    return self.rewards.shape[-1]
 
   @property
   def num_successors(self) -> int:
