@@ -1,6 +1,7 @@
 """Exact evaluation of a fixed policy: regularized values and discounted occupancy.
 
-  V^pi = (I - gamma P_pi)^{-1} c_pi,   c_pi(s) = sum_a pi(a|s) r(s, a) - tau KL(pi(.|s) || pi_ref(.|s))
+  V^pi = (I - gamma P_pi)^{-1} c_pi,
+  c_pi(s) = sum_a pi(a|s) r(s, a) - tau KL(pi(.|s) || pi_ref(.|s))
   Q^pi = r + gamma P V^pi,             J(pi) = mu0^T V^pi
   d^pi = (1 - gamma) (I - gamma P_pi^T)^{-1} mu0          (sums to 1)
 

@@ -26,8 +26,8 @@ import functools
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 from harnax.core import mdp as mdp_lib
 from harnax.core import validation as val

@@ -74,7 +74,8 @@ def check_finite(name: str, x: Any) -> None:
   if v is not None and not np.all(np.isfinite(v)):
     bad = np.argwhere(~np.isfinite(v))[0]
     raise ValueError(
-        f"{name}: expected finite values, found {v[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
+        f"{name}: expected finite values, found {v[tuple(bad)]} at index "
+        f"{tuple(int(i) for i in bad)}")
 
 
 def check_temperature(tau: Any, *, scalar: bool = False) -> None:

@@ -25,9 +25,9 @@ import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from harnax.core import mdp as mdp_lib
 from harnax.core import sampling as core_sampling

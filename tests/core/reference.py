@@ -1,6 +1,6 @@
 """Independent float64 NumPy references for the tabular core (no harnax imports).
 
-Written from the definitions in DESIGN.md §1, with dense matrices and direct
+Written from the definitions in docs/theory.md §1, with dense matrices and direct
 linear solves, so that a bug in harnax's solvers cannot hide in both.
 """
 

@@ -94,7 +94,8 @@ def test_sharded_over_a_mesh():
 
 
 def test_shard_batch_rejects_indivisible_batches():
-  from harnax.parallel.batch import batch_mesh, shard_batch
+  from harnax.parallel.batch import batch_mesh
+  from harnax.parallel.batch import shard_batch
   mesh = batch_mesh("data")
   n = mesh.shape["data"]
   with pytest.raises(ValueError, match="leading batch axis"):

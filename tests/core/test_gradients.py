@@ -53,7 +53,8 @@ def test_gradient_matches_central_finite_differences(problem):
   tau = 0.3
 
   def j_of(theta):
-    return float(hx.regularized_return(mdp, hx.softmax_policy(theta, p["pi_ref"]), p["pi_ref"], tau))
+    pol = hx.softmax_policy(theta, p["pi_ref"])
+    return float(hx.regularized_return(mdp, pol, p["pi_ref"], tau))
 
   _, g = hx.policy_gradient(mdp, logits, _tabular(p["pi_ref"]), p["pi_ref"], tau)
   eps = 1e-6

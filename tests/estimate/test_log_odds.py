@@ -1,11 +1,13 @@
 """The log-odds route: score errors from pairs of actions and the bounds
 `lower <= M <= upper` of docs/estimation.md §5, property-tested with hypothesis."""
 
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
 
 import harnax as hx
 from harnax.estimate import log_odds as lo
@@ -166,7 +168,8 @@ def test_empirical_log_odds_recover_the_policy_log_odds():
 
 
 def test_study_literal_form_is_not_scale_consistent():
-  # The harness-transfer study's bound read literally: max_a eps(s, a)^2 <= M / (4 tau (1 - gamma)). Scaling
+  # The harness-transfer study's bound read literally:
+  # max_a eps(s, a)^2 <= M / (4 tau (1 - gamma)). Scaling
   # rewards and tau by c leaves both policies unchanged, multiplies scores, score
   # errors and M by c: the left side grows as c^2, the right side not at all.
   mdp, ref, pi, tau = _mdp_case(5, 4, 3, 0.9, 0.3, 1.0, 0.0)

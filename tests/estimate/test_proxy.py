@@ -9,7 +9,7 @@ import pytest
 
 from harnax.estimate import proxy
 from harnax.estimate import rank
-from harnax.estimate import synthetic
+from harnax.studies import synthetic_logs as synthetic
 
 
 @pytest.mark.parametrize("text,category", [
@@ -129,7 +129,7 @@ def test_committed_synthetic_logs_rank_harnesses_like_exact_c_minus_m(harnesses)
   truth = sorted((h.name for h in harnesses),
                  key=lambda n: -next(h.value for h in harnesses if h.name == n))
   assert proxy.rank_harnesses(est) == truth
-  # The ceiling alone and the mismatch alone rank them wrongly (seed 000's point).
+  # The ceiling alone and the mismatch alone rank them wrongly (the harness-transfer study's point).
   assert proxy.rank_harnesses(est, key="ceiling") != truth
   assert proxy.rank_harnesses(est, key="mismatch") != truth
   exact = np.array([h.value for h in harnesses])

@@ -1,11 +1,11 @@
 """Geometric stopping reproduces d^pi (JAX and gymnasium samplers); histograms."""
 
 import gymnasium as gym
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 import harnax as hx
 from harnax.estimate import sampling

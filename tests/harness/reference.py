@@ -1,6 +1,6 @@
 """Independent float64 NumPy references for the harness layer (no harnax imports).
 
-Written from the definitions (DESIGN.md §1, docs/harness.md) with explicit loops
+Written from the definitions (docs/theory.md §1, docs/harness.md) with explicit loops
 and direct linear solves.
 """
 
