@@ -4,6 +4,8 @@
 from harnax import models
 model = models.load_pretrained(path)           # HF directory -> CausalLM
 logits = model(input_ids, attention_mask=mask) # [B, T, V] float32, left padding allowed
+cache = model.init_cache(batch_size, max_length)
+logits, cache = model.prefill(input_ids, mask, cache=cache)  # [B, V]; then model.decode_step
 models.save_pretrained(model, path)            # back to the HF format
 ```
 """

@@ -80,7 +80,8 @@ class RopeConfig:
     if not (self.theta > 0 and math.isfinite(self.theta)):
       raise ValueError(f"{field}.rope_theta: expected a positive finite number, got {self.theta}")
     if self.rope_type != "default" and not (self.factor is not None and self.factor > 0):
-      raise ValueError(f"{field}.factor: expected > 0 for rope_type {self.rope_type!r}, got {self.factor}")
+      raise ValueError(f"{field}.factor: expected > 0 for rope_type {self.rope_type!r}, "
+                       f"got {self.factor}")
     if self.rope_type == "llama3":
       for name in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
         if getattr(self, name) is None:
@@ -175,7 +176,8 @@ class DecoderConfig:
       raise ValueError(f"{name}.num_key_value_heads: expected a divisor of num_attention_heads="
                        f"{self.num_heads}, got {self.num_kv_heads}")
     if self.head_dim % 2:
-      raise ValueError(f"{name}.head_dim: expected an even number (rotary pairs), got {self.head_dim}")
+      raise ValueError(f"{name}.head_dim: expected an even number (rotary pairs), "
+                       f"got {self.head_dim}")
     if not (self.rms_norm_eps > 0):
       raise ValueError(f"{name}.rms_norm_eps: expected > 0, got {self.rms_norm_eps}")
     if len(self.layer_types) != self.num_layers:
@@ -202,7 +204,8 @@ class DecoderConfig:
       if value is not None and not value > 0:
         raise ValueError(f"{name}.{field}: expected None or > 0, got {value!r}")
     if len(self.mlp_kinds) != self.num_layers:
-      raise ValueError(f"{name}.mlp_kinds: expected {self.num_layers} entries, got {len(self.mlp_kinds)}")
+      raise ValueError(f"{name}.mlp_kinds: expected {self.num_layers} entries, "
+                       f"got {len(self.mlp_kinds)}")
     for kind in self.mlp_kinds:
       if kind not in MLP_KINDS:
         raise ValueError(f"{name}.mlp_kinds: expected entries in {MLP_KINDS}, got {kind!r}")

@@ -65,7 +65,8 @@ def sample_token(key: Array | None, logits: Array, *, temperature: float = 0.0,
     probs = jax.nn.softmax(sorted_logits, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     keep_sorted = mass_before < top_p  # first token always kept (mass_before = 0)
-    keep = jnp.zeros_like(keep_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
+    rows = jnp.arange(logits.shape[0])[:, None]
+    keep = jnp.zeros_like(keep_sorted).at[rows, order].set(keep_sorted)
     logits = jnp.where(keep, logits, neg)
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 

@@ -34,9 +34,9 @@ def _rope(d: Mapping[str, Any], family: str) -> dict[str, RopeConfig]:
     if d.get("rope_scaling"):
       full.update(d["rope_scaling"])
     local = {"rope_type": "default", "rope_theta": d.get("rope_local_base_freq", 10000.0)}
-  return {"full_attention": RopeConfig.from_hf(full, field=f"{family}.rope_parameters[full_attention]"),
-          "sliding_attention": RopeConfig.from_hf(local,
-                                                  field=f"{family}.rope_parameters[sliding_attention]")}
+  field = f"{family}.rope_parameters"
+  return {"full_attention": RopeConfig.from_hf(full, field=f"{field}[full_attention]"),
+          "sliding_attention": RopeConfig.from_hf(local, field=f"{field}[sliding_attention]")}
 
 
 @dataclasses.dataclass(frozen=True)

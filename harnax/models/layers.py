@@ -105,7 +105,7 @@ class Embed(nnx.Module):
 # ---------------------------------------------------------------------------------------------
 # Rotary position embeddings
 # ---------------------------------------------------------------------------------------------
-def rope_frequencies(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:
+def rope_frequencies(rope: RopeConfig, *, head_dim: int) -> tuple[np.ndarray, float]:
   """Inverse frequencies ``[head_dim // 2]`` and the cos/sin multiplier of a RoPE variant.
 
   Implements HF ``rope_type`` semantics: ``default``; ``linear`` (positions divided by
@@ -163,11 +163,13 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
   ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
   extrapolation_weight = 1 - ramp
   pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-  inv_freq = (1 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1 / pos_freqs) * extrapolation_weight
+  inv_freq = ((1 / (factor * pos_freqs)) * (1 - extrapolation_weight)
+              + (1 / pos_freqs) * extrapolation_weight)
   return inv_freq, attention_factor
 
 
-def rope_cos_sin(positions: Array, inv_freq: np.ndarray, scaling: float) -> tuple[Array, Array]:
+def rope_cos_sin(positions: Array, inv_freq: np.ndarray, *,
+                 scaling: float) -> tuple[Array, Array]:
   """cos and sin tables ``[B, T, head_dim]`` (float32) for integer ``positions [B, T]``."""
   angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
   angles = jnp.concatenate([angles, angles], axis=-1)
@@ -252,10 +254,12 @@ class Attention(nnx.Module):
   def __init__(self, cfg, layer_type: str, *, dtype, rngs: nnx.Rngs):
     h, kv, d, hidden = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
     bias = cfg.attention_bias
-    self.q_proj = Linear(hidden, h * d, axes=("embed", "q_heads"), use_bias=bias, dtype=dtype, rngs=rngs)
-    self.k_proj = Linear(hidden, kv * d, axes=("embed", "kv_heads"), use_bias=bias, dtype=dtype, rngs=rngs)
-    self.v_proj = Linear(hidden, kv * d, axes=("embed", "kv_heads"), use_bias=bias, dtype=dtype, rngs=rngs)
-    self.o_proj = Linear(h * d, hidden, axes=("q_heads", "embed"), use_bias=bias, dtype=dtype, rngs=rngs)
+    proj = lambda d_in, d_out, axes: Linear(d_in, d_out, axes=axes, use_bias=bias, dtype=dtype,
+                                            rngs=rngs)
+    self.q_proj = proj(hidden, h * d, ("embed", "q_heads"))
+    self.k_proj = proj(hidden, kv * d, ("embed", "kv_heads"))
+    self.v_proj = proj(hidden, kv * d, ("embed", "kv_heads"))
+    self.o_proj = proj(h * d, hidden, ("q_heads", "embed"))
     if cfg.qk_norm:
       self.q_norm = RMSNorm(d, eps=cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
       self.k_norm = RMSNorm(d, eps=cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
@@ -265,7 +269,7 @@ class Attention(nnx.Module):
     self.scale = cfg.attention_scale
     self.softcap = cfg.attn_logit_softcapping
     self.window = cfg.window_for(layer_type)
-    inv_freq, self.rope_scaling = rope_frequencies(cfg.rope_for(layer_type), d)
+    inv_freq, self.rope_scaling = rope_frequencies(cfg.rope_for(layer_type), head_dim=d)
     self.inv_freq = tuple(float(f) for f in inv_freq)  # static, hashable
 
   def project_qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
@@ -276,7 +280,8 @@ class Attention(nnx.Module):
     v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
-    cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32), self.rope_scaling)
+    cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32),
+                            scaling=self.rope_scaling)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q = constrain(q, ("batch", "seq", "act_heads", None))
     return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)

@@ -42,7 +42,8 @@ class AttentionCache:
   v: Array
 
   @staticmethod
-  def storage_shape(batch: int, kv_heads: int, length: int, head_dim: int) -> tuple[int, ...]:
+  def storage_shape(*, batch: int, kv_heads: int, length: int, head_dim: int) -> tuple[int, ...]:
+    """Shape of the stored ``k`` (and ``v``) buffer of one layer."""
     rows = batch * kv_heads
     return (rows, length, head_dim) if rows > 1 else (length, head_dim)
 
@@ -86,8 +87,9 @@ class Cache:
     return self.valid.shape[1]
 
 
-def positions_from_mask(mask: Array, start: Array | None = None) -> Array:
-  """Positions [B, T] of the tokens of a (left-)padded batch; padding gets position 0."""
+def positions_from_mask(mask: Array, *, start: Array | None = None) -> Array:
+  """Positions [B, T] of the tokens of a (left-)padded batch ``mask`` [B, T]; padding gets
+  position 0. ``start`` [B] offsets each row (the real tokens already in a cache)."""
   pos = jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1
   if start is not None:
     pos = pos + start[:, None]
@@ -181,7 +183,8 @@ class CausalLM(nnx.Module):
     """
     cfg = self.config
     dtype = dtype or self.dtype
-    shape = AttentionCache.storage_shape(batch_size, cfg.num_kv_heads, max_length, cfg.head_dim)
+    shape = AttentionCache.storage_shape(batch=batch_size, kv_heads=cfg.num_kv_heads,
+                                         length=max_length, head_dim=cfg.head_dim)
     layers = tuple(AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
                    for _ in range(cfg.num_layers))
     return Cache(layers=layers, positions=jnp.zeros((batch_size, max_length), jnp.int32),
@@ -237,7 +240,7 @@ class CausalLM(nnx.Module):
       raise ValueError(f"input_ids: {t} more tokens after {int(cache.index)} do not fit a "
                        f"cache of max_length {cache.max_length}")
     start = jnp.sum(cache.valid, axis=1).astype(jnp.int32)
-    positions = positions_from_mask(mask, start)
+    positions = positions_from_mask(mask, start=start)
     zero = jnp.zeros((), jnp.int32)
     cache_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (zero, cache.index))
     cache_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (zero, cache.index))

@@ -19,9 +19,11 @@ ARCHITECTURE = "Qwen3MoeForCausalLM"
 MODEL_TYPE = "qwen3_moe"
 
 
-def mlp_kinds(n: int, num_experts: int, step: int, mlp_only: tuple[int, ...]) -> tuple[str, ...]:
+def mlp_kinds(num_layers: int, *, num_experts: int, step: int,
+              mlp_only: tuple[int, ...]) -> tuple[str, ...]:
+  """``"moe"`` or ``"dense"`` for each layer (HF ``decoder_sparse_step``, ``mlp_only_layers``)."""
   return tuple("moe" if (i not in mlp_only and num_experts > 0 and (i + 1) % step == 0)
-               else "dense" for i in range(n))
+               else "dense" for i in range(num_layers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +48,7 @@ class Qwen3MoeConfig(DecoderConfig):
     if bad:
       raise ValueError(f"{name}.mlp_only_layers: expected layer indices in [0, {n}), got {bad}")
     return cls(model_type=MODEL_TYPE, architecture=ARCHITECTURE, **fields,
-               mlp_kinds=mlp_kinds(n, num_experts, step, mlp_only),
+               mlp_kinds=mlp_kinds(n, num_experts=num_experts, step=step, mlp_only=mlp_only),
                num_experts=num_experts,
                num_experts_per_tok=int(d.get("num_experts_per_tok", 0) or 0),
                moe_intermediate_size=int(d.get("moe_intermediate_size", 0) or 0),

@@ -73,11 +73,13 @@ def iter_tensors(path: str, names: Iterable[str] | None = None) -> Iterator[tupl
                          f"{array.nbytes} for shape {list(shape)} {info['dtype']}")
       f.seek(start + begin)
       if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != array.nbytes:
-        raise ValueError(f"{path}: tensor {name!r} is truncated (file shorter than its header says)")
+        raise ValueError(f"{path}: tensor {name!r} is truncated (file shorter than its header "
+                         "says)")
       yield name, array
 
 
-def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+def write(path: str, tensors: dict[str, np.ndarray], *,
+          metadata: dict[str, str] | None = None) -> None:
   """Writes ``tensors`` (name -> array) to ``path`` in safetensors format."""
   header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
   offset = 0
@@ -96,5 +98,6 @@ def write(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | 
     f.write(struct.pack("<Q", len(blob)))
     f.write(blob)
     for array in tensors.values():
-      f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+      little_endian = array.dtype.newbyteorder("<")
+      f.write(np.ascontiguousarray(array).astype(little_endian, copy=False).tobytes())
   os.replace(tmp, path)

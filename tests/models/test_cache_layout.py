@@ -68,6 +68,7 @@ def test_decode_step_updates_the_cache_in_place(kv_heads, batch):
 
   cache = model.init_cache(batch, 256)  # large enough that a copy would show in timings
   hlo = decode_step.lower(state, cache, jnp.ones((batch,), jnp.int32)).compile().as_text()
-  dims = ",".join(str(d) for d in AttentionCache.storage_shape(batch, kv_heads, 256, 16))
+  dims = ",".join(str(d) for d in AttentionCache.storage_shape(
+      batch=batch, kv_heads=kv_heads, length=256, head_dim=16))
   copies = re.findall(r"= f32\[%s\]\{[^}]*\} copy\(" % dims, hlo)
   assert not copies, f"{len(copies)} copies of a [{dims}] cache buffer per decode step"

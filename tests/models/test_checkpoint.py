@@ -41,7 +41,8 @@ def test_all_mismatches_reported_in_one_error(pair_factory, tmp_path):
   assert "missing tensor model.layers.0.self_attn.q_norm.weight" in text
   assert "missing tensor model.layers.2.mlp.experts.3.up_proj.weight" in text
   assert "unexpected tensor model.layers.0.mlp.shared_expert.weight" in text
-  assert "wrong shape for model.layers.1.mlp.down_proj.weight: expected [32, 40], got [32, 39]" in text
+  assert ("wrong shape for model.layers.1.mlp.down_proj.weight: expected [32, 40], got [32, 39]"
+          in text)
   assert "wrong shape for lm_head.weight" in text
   assert "inv_freq" not in text
 

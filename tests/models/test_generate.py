@@ -182,7 +182,8 @@ def test_score_gradient_matches_torch_autograd(pair_factory):
   pos = np.clip(mask.cumsum(-1) - 1, 0, None)
   logits = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
               position_ids=torch.tensor(pos)).logits
-  lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, torch.tensor(ids)[:, 1:, None])[..., 0]
+  lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(
+      -1, torch.tensor(ids)[:, 1:, None])[..., 0]
   valid = torch.tensor(span[:, 1:] * mask[:, :-1], dtype=torch.float32)
   ((lp * valid).sum(1) / valid.sum(1)).sum().backward()
   ref_q = hf.model.layers[1].self_attn.q_proj.weight.grad.numpy()

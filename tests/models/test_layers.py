@@ -24,7 +24,7 @@ def test_scaled_rope_frequencies_match_transformers(params):
   cfg = transformers.Qwen3Config(head_dim=128, max_position_embeddings=131072,
                                  rope_parameters=dict(params))
   ref_inv, ref_scale = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg)
-  ours, scale = layers.rope_frequencies(RopeConfig.from_hf(params, field="t"), 128)
+  ours, scale = layers.rope_frequencies(RopeConfig.from_hf(params, field="t"), head_dim=128)
   np.testing.assert_allclose(ours, ref_inv.numpy(), rtol=1e-6)
   assert scale == pytest.approx(ref_scale)
 
