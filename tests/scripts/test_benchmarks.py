@@ -19,7 +19,7 @@ def _run(*args, **kw):
 
 
 @pytest.mark.slow
-def test_quick_moe_run_writes_consistent_tables(tmp_path):
+def test_lm_throughput_quick_moe_run_writes_consistent_tables(tmp_path):
   out = tmp_path / "lm.md"
   proc = _run("--quick", "--families", "qwen3_moe", "--torch-device", "cpu", "--out", str(out))
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -45,7 +45,7 @@ def test_quick_moe_run_writes_consistent_tables(tmp_path):
   assert bound is not None and int(bound.group(1)) < 388  # fewer MB than all parameters
 
 
-def test_unknown_family_is_refused_with_the_choices():
+def test_lm_throughput_refuses_an_unknown_family_naming_the_choices():
   proc = _run("--preset", "0.6b-2b", "--families", "qwen3_moe")
   assert proc.returncode == 2
   assert "--families: ['qwen3_moe'] not in preset '0.6b-2b'" in proc.stderr
