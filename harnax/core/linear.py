@@ -41,6 +41,7 @@ class _IterConfig(NamedTuple):
   max_iters: int
   patience: int
   memory: int
+  slow_sweeps: int = 0  # unused: this loop never hands over to another method
 
 
 def _forward_iterative(mdp, policy, rhs, rtol, max_iters):
@@ -60,8 +61,9 @@ def _forward_iterative(mdp, policy, rhs, rtol, max_iters):
   def apply_scaled(h):
     return apply_t(h * safe) / safe
 
-  x, _, _ = fixed_point.anderson(apply_scaled, gamma, jnp.zeros_like(rhs), cfg)
-  return x * safe
+  start = fixed_point.init_state(jnp.zeros_like(rhs))
+  out = fixed_point.anderson(apply_scaled, gamma, start, cfg)
+  return out.v * safe
 
 
 def solve_policy_system(mdp: mdp_lib.AnyMDP, policy: Array, rhs: Array, *,

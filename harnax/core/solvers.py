@@ -9,10 +9,17 @@ Three methods reach the same fixed point `V* = T V*` (see `bellman.py`):
   of the certified midpoint (one sweep from `h_k`) and evaluates it exactly,
   `h_{k+1} = V^{pi_k}` centred. Quadratic locally.
 
-All three iterate on centred values and certify every iterate with MacQueen's
+`"auto"` (the default) runs value iteration and hands its iterate to Anderson
+when the certificate's measured contraction predicts a slow finish: plain
+sweeps are the fastest path on well-mixing MDPs, Anderson on slowly mixing ones
+(near-deterministic transitions, cycles, gamma near 1). The rule and the
+measurements behind it are in `docs/theory.md` (section 4.7).
+
+All methods iterate on centred values and certify every iterate with MacQueen's
 bounds (`fixed_point.py`): the returned `v` is within `error_bound` of `V*` in
-sup-norm. The loop stops on the bound, on a stall at the rounding floor, or at
-`max_iters`; nothing leaves the device per sweep.
+sup-norm. The loop stops on the tolerance, as soon as the bound reaches its
+rounding floor when the tolerance is below it, on a stall, or at `max_iters`;
+nothing leaves the device per sweep.
 
 Differentiation: the returned `V*` is wrapped in a `custom_jvp` that applies the
 implicit function theorem at the fixed point,
@@ -24,6 +31,7 @@ differentiate through the loop.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -41,9 +49,10 @@ Array = jax.Array
 
 METHODS = ("auto", "value_iteration", "anderson", "policy_iteration")
 
-# Dense MDPs up to this many states default to policy iteration (an O(S^3)
-# solve per step is cheap there); larger or sparse ones to value iteration.
-_AUTO_NEWTON_MAX_STATES = 1024
+# "auto" hands value iteration over to Anderson when, at the contraction of the
+# latest sweep, more than this many further sweeps would be needed. Measured per
+# backend (docs/theory.md, section 4.7); backends not measured use the CPU value.
+_AUTO_SLOW_SWEEPS = {"cpu": 10}
 
 
 class SoftBellmanSolution(NamedTuple):
@@ -54,10 +63,16 @@ class SoftBellmanSolution(NamedTuple):
     q: `Q* = r + gamma P V*`, `[S, A]`.
     scores: `F* = Q* + tau log pi_ref`, `[S, A]` (`-inf` where unavailable).
     policy: `pi* = softmax(F* / tau)`, `[S, A]`.
-    iterations: sweeps (value iteration, Anderson) or Newton steps used.
-    error_bound: `||v - V*||_inf` bound: MacQueen's certificate plus an allowance
-      for rounding sized from the magnitudes involved (not interval arithmetic).
-    converged: `error_bound <= tol`.
+    iterations: sweeps (value iteration, Anderson, both for `"auto"`) or Newton
+      steps used, int32 scalar.
+    error_bound: `||v - V*||_inf` bound, scalar: MacQueen's certificate plus
+      `rounding_floor`.
+    converged: `error_bound <= tol`, bool scalar.
+    rounding_floor: the part of `error_bound` that rounding contributes (an
+      allowance sized from the magnitudes involved, not interval arithmetic),
+      scalar: no tolerance below it can be certified in this dtype.
+    tol: the tolerance the solve aimed at, scalar: the `tol` argument, or the
+      default `2 * rounding_floor`.
   """
 
   v: Array
@@ -67,14 +82,17 @@ class SoftBellmanSolution(NamedTuple):
   iterations: Array
   error_bound: Array
   converged: Array
+  rounding_floor: Array
+  tol: Array
 
 
 class _Config(NamedTuple):
   method: str
-  tol: float
+  tol: float | None
   max_iters: int
   memory: int
   patience: int
+  slow_sweeps: int
   hard: bool
 
 
@@ -84,7 +102,7 @@ def _operator(mdp, pi_ref, tau, hard):
   return lambda h: bellman.soft_bellman_operator(mdp, h, pi_ref, tau)
 
 
-def _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg):
+def _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg, offset):
   """Newton steps in correction form, each raced against one sweep.
 
   From `V = h + kappa/(1-gamma)` with `Delta = T V - V` (the certificate's
@@ -96,56 +114,64 @@ def _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg):
   certified candidate is kept. Each step: one linear solve and two sweeps.
   """
   def certified(h):
-    g, _, bound, v_mid = fixed_point.certify(apply_t, h, gamma)
-    return g, bound, v_mid
+    return fixed_point.certify(apply_t, h, gamma, offset=offset)
 
-  def newton(h, g):
+  def newton(h, delta):
     pi = bellman.soft_policy(bellman.q_values(mdp, h), pi_ref, tau)
-    h_new = h + linear.solve_policy_system(mdp, pi, g - h)
+    h_new = h + linear.solve_policy_system(mdp, pi, delta)
     return h_new - jnp.mean(h_new)
 
   def step(h, cert):
-    g = cert[0]
-    h_newton = newton(h, g)
-    cert_newton, cert_sweep = certified(h_newton), certified(g)
-    take_newton = cert_newton[1] <= cert_sweep[1]
+    h_newton = newton(h, cert.delta)
+    cert_newton, cert_sweep = certified(h_newton), certified(cert.sweep)
+    take_newton = cert_newton.bound <= cert_sweep.bound
     pick = lambda a, b: jnp.where(take_newton, a, b)  # noqa: E731
-    h_next = pick(h_newton, g)
+    h_next = pick(h_newton, cert.sweep)
     cert_next = jax.tree.map(pick, cert_newton, cert_sweep)
-    return h_next, cert_next, cert_next[1], cert_next[2]
+    return h_next, cert_next, cert_next
 
-  return fixed_point.run(step, h0, certified(h0), cfg)
+  return fixed_point.run(step, fixed_point.init_state(h0, certified(h0)), cfg)
 
 
 def _fixed_point_loop(mdp, pi_ref, tau, cfg: _Config):
+  """Runs `cfg.method`; returns `(v, iterations, bound, floor, tol)`."""
   gamma = mdp.discount
   h0 = jnp.zeros(mdp.num_states, mdp.rewards.dtype)
   apply_t, offset = fixed_point.shift_rewards(_operator(mdp, pi_ref, tau, cfg.hard), h0, gamma)
+  start = fixed_point.init_state(h0)
   if cfg.method == "value_iteration":
-    v, k, bound = fixed_point.value_iteration(apply_t, gamma, h0, cfg)
+    out = fixed_point.value_iteration(apply_t, gamma, start, cfg, offset=offset)
   elif cfg.method == "anderson":
-    v, k, bound = fixed_point.anderson(apply_t, gamma, h0, cfg)
+    out = fixed_point.anderson(apply_t, gamma, start, cfg, offset=offset)
+  elif cfg.method == "auto":
+    # Plain sweeps until they are predicted to be slow; Anderson from there. A
+    # problem that converges (or stops) in the first loop runs no Anderson step.
+    out = fixed_point.value_iteration(apply_t, gamma, start, cfg, offset=offset,
+                                      exit_when_slow=True)
+    out = fixed_point.anderson(apply_t, gamma, out, cfg, offset=offset)
   else:
-    v, k, bound = _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg)
-  return v + offset, k, bound
+    out = _policy_iteration(mdp, pi_ref, tau, apply_t, gamma, h0, cfg, offset)
+  tol = fixed_point.effective_tol(cfg, out.floor)
+  return out.v + offset, out.k, out.bound, out.floor, tol
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
 def _soft_fixed_point(mdp, pi_ref, tau, cfg):
-  v, k, bound = _fixed_point_loop(mdp, pi_ref, tau, cfg)
-  return v, (k, bound)
+  v, *aux = _fixed_point_loop(mdp, pi_ref, tau, cfg)
+  return v, tuple(aux)
 
 
 @_soft_fixed_point.defjvp
 def _soft_fixed_point_jvp(cfg, primals, tangents):
   mdp, pi_ref, tau = primals
-  v, k, bound = _fixed_point_loop(mdp, pi_ref, tau, cfg)
-  aux = (k, bound)
+  v, *aux = _fixed_point_loop(mdp, pi_ref, tau, cfg)
+  aux = tuple(aux)
   # dV* = (I - gamma P_{pi*})^{-1} (dT)(V*)  (implicit function theorem).
   _, d_t = jax.jvp(lambda m, p, t: bellman.soft_bellman_operator(m, v, p, t), primals, tangents)
   policy = bellman.soft_policy(bellman.q_values(mdp, v), pi_ref, tau)
   dv = linear.solve_policy_system(mdp, policy, d_t)
-  aux_tangent = (np.zeros((), jax.dtypes.float0), jnp.zeros_like(aux[1]))
+  # The certificate (iterations, bound, floor, tol) is not differentiated.
+  aux_tangent = (np.zeros((), jax.dtypes.float0),) + tuple(jnp.zeros_like(x) for x in aux[1:])
   return (v, aux), (dv, aux_tangent)
 
 
@@ -162,26 +188,26 @@ def _as_dtype(x, dtype, name):
   return val.as_float_array(name, x, dtype)
 
 
-def _resolve_method(mdp, method):
+def _check_method(method):
   if method not in METHODS:
     raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
-  if method != "auto":
-    return method
-  if isinstance(mdp, mdp_lib.TabularMDP) and mdp.num_states <= _AUTO_NEWTON_MAX_STATES:
-    return "policy_iteration"
-  return "value_iteration"
+  return method
 
 
 def _default_max_iters(method):
-  return {"value_iteration": 100_000, "anderson": 20_000, "policy_iteration": 100}[method]
+  return {"value_iteration": 100_000, "anderson": 20_000, "auto": 100_000,
+          "policy_iteration": 100}[method]
 
 
 def _default_patience(method, memory):
-  return {"value_iteration": 20, "anderson": 4 * memory + 20, "policy_iteration": 10}[method]
+  # Value iteration and the Newton race never raise the bound in exact arithmetic,
+  # so a short stall is rounding; Anderson may raise it for a few steps.
+  return {"value_iteration": 10, "anderson": 2 * memory + 10, "auto": 2 * memory + 10,
+          "policy_iteration": 5}[method]
 
 
 def solve_soft_bellman(mdp: mdp_lib.AnyMDP, pi_ref, tau, *, method: str = "auto",
-                       tol: float = 1e-6, max_iters: int | None = None,
+                       tol: float | None = None, max_iters: int | None = None,
                        anderson_memory: int = 5,
                        patience: int | None = None) -> SoftBellmanSolution:
   """Solves `V* = T V*` for one MDP (batch with `jax.vmap`).
@@ -190,16 +216,21 @@ def solve_soft_bellman(mdp: mdp_lib.AnyMDP, pi_ref, tau, *, method: str = "auto"
     mdp: a `TabularMDP` or `SparseTabularMDP` (one MDP).
     pi_ref: reference policy `[S, A]`; zeros mark unavailable actions.
     tau: temperature > 0 (scalar; may be traced).
-    method: `"auto"` (policy iteration for dense MDPs with S <= 1024, else value
-      iteration), `"value_iteration"`, `"anderson"` or `"policy_iteration"`.
-    tol: target for the certified sup-norm error of `v`. In float32 at gamma
-      near 1 the certificate itself has a rounding floor of roughly
-      `gamma/(1-gamma) * eps * |V* - mean V*|`; the loop stops there (see
-      `patience`) and reports `converged=False` if `tol` is below it.
+    method: `"auto"` (value iteration, continued by Anderson when it is measured
+      to contract slowly; `docs/theory.md` section 4.7), `"value_iteration"`,
+      `"anderson"` or `"policy_iteration"`.
+    tol: target for the certified sup-norm error of `v`, in the units of the
+      values. None (default): twice the certificate's rounding floor, i.e. a
+      few `eps` of the dtype times the problem's value scale
+      (`2 eps (|v| + 2 gamma/(1-gamma) (|T h| + |h| + |kappa|))`, see
+      `SoftBellmanSolution.rounding_floor`): the most a solve in this dtype can
+      certify, reached whenever the contraction term falls below the rounding
+      term. An explicit `tol` below the floor stops as soon as the bound reaches
+      the floor and reports `converged=False`.
     max_iters: iteration cap (sweeps or Newton steps); default by method.
     anderson_memory: history length m of the Anderson method.
-    patience: stop after this many iterations without a better bound (the
-      rounding floor); default by method.
+    patience: stop after this many iterations without a better bound (rounding
+      noise above the allowance); default by method.
 
   Returns:
     `SoftBellmanSolution`, differentiable w.r.t. `mdp` (rewards, transitions or
@@ -215,7 +246,7 @@ def solve_soft_bellman(mdp: mdp_lib.AnyMDP, pi_ref, tau, *, method: str = "auto"
   tau = _as_dtype(tau, dtype, "tau")
   if tau.ndim != 0:
     raise ValueError(f"tau: expected a scalar (vmap over a batch), got shape {list(tau.shape)}")
-  cfg = _make_config(mdp, method, tol, max_iters, anderson_memory, patience, hard=False)
+  cfg = _make_config(method, tol, max_iters, anderson_memory, patience, hard=False)
   return _solve(mdp, pi_ref, tau, cfg)
 
 
@@ -223,68 +254,100 @@ def solve_soft_bellman(mdp: mdp_lib.AnyMDP, pi_ref, tau, *, method: str = "auto"
 # inside a caller's jit it is simply inlined.
 @functools.partial(jax.jit, static_argnums=(3,))
 def _solve(mdp, pi_ref, tau, cfg):
-  v, (k, bound) = _soft_fixed_point(mdp, pi_ref, tau, cfg)
+  v, (k, bound, floor, tol) = _soft_fixed_point(mdp, pi_ref, tau, cfg)
   q = bellman.q_values(mdp, v)
   return SoftBellmanSolution(
       v=v, q=q, scores=bellman.action_scores(q, pi_ref, tau),
       policy=bellman.soft_policy(q, pi_ref, tau), iterations=k,
-      error_bound=bound, converged=bound <= cfg.tol)
+      error_bound=bound, converged=bound <= tol, rounding_floor=floor, tol=tol)
 
 
-def _make_config(mdp, method, tol, max_iters, memory, patience, hard):
-  method = _resolve_method(mdp, method)
-  if hard and method == "policy_iteration":
-    method = "value_iteration"
-  if not (isinstance(tol, (int, float)) and tol > 0):
-    raise ValueError(f"tol: expected a positive number, got {tol!r}")
+def _make_config(method, tol, max_iters, memory, patience, hard):
+  method = _check_method(method)
+  if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))
+                          or not math.isfinite(tol) or tol <= 0):
+    raise ValueError(f"tol: expected None or a positive finite number, got {tol!r}")
   if max_iters is not None and (not isinstance(max_iters, int) or max_iters < 1):
     raise ValueError(f"max_iters: expected a positive integer, got {max_iters!r}")
   if not isinstance(memory, int) or memory < 1:
     raise ValueError(f"anderson_memory: expected a positive integer, got {memory!r}")
   if patience is not None and (not isinstance(patience, int) or patience < 1):
     raise ValueError(f"patience: expected a positive integer, got {patience!r}")
-  return _Config(method=method, tol=float(tol),
+  backend = jax.default_backend()
+  return _Config(method=method, tol=None if tol is None else float(tol),
                  max_iters=max_iters or _default_max_iters(method), memory=memory,
-                 patience=patience or _default_patience(method, memory), hard=hard)
+                 patience=patience or _default_patience(method, memory),
+                 slow_sweeps=_AUTO_SLOW_SWEEPS.get(backend, _AUTO_SLOW_SWEEPS["cpu"]),
+                 hard=hard)
 
 
 class HardBellmanSolution(NamedTuple):
-  """The unregularized optimum (`tau -> 0`) over the actions `pi_ref` allows."""
+  """The unregularized optimum (`tau -> 0`) over the actions `pi_ref` allows.
+
+  Attributes:
+    v: `V*_hard(s) = max_a Q*(s, a)` over available actions, `[S]`.
+    q: `Q* = r + gamma P V*_hard`, `[S, A]` (also at unavailable actions).
+    policy: greedy, uniform over the tied maximizers among available actions,
+      `[S, A]`.
+    iterations: sweeps used, int32 scalar.
+    error_bound: `||v - V*_hard||_inf` bound, scalar: MacQueen's certificate
+      plus `rounding_floor`.
+    converged: `error_bound <= tol`, bool scalar.
+    rounding_floor: the rounding part of `error_bound`, scalar (as in
+      `SoftBellmanSolution`).
+    tol: the tolerance the solve aimed at, scalar.
+  """
 
   v: Array
   q: Array
-  policy: Array  # greedy, uniform over ties
+  policy: Array
   iterations: Array
   error_bound: Array
   converged: Array
+  rounding_floor: Array
+  tol: Array
 
 
 def solve_hard_bellman(mdp: mdp_lib.AnyMDP, pi_ref, *, method: str = "value_iteration",
-                       tol: float = 1e-6, max_iters: int | None = None,
+                       tol: float | None = None, max_iters: int | None = None,
                        anderson_memory: int = 5,
                        patience: int | None = None) -> HardBellmanSolution:
   """Unregularized control, `V = max_a (r + gamma P V)` over available actions.
 
   The `tau -> 0` limit of `solve_soft_bellman`; MacQueen's bounds hold for the
   max operator too. Not differentiated implicitly (the max is not smooth).
+
+  Args:
+    mdp: a `TabularMDP` or `SparseTabularMDP` (one MDP).
+    pi_ref: `[S, A]`; only its zeros matter (unavailable actions).
+    method: `"value_iteration"`, `"anderson"` or `"auto"` (as in
+      `solve_soft_bellman`; Newton is not defined for the max).
+    tol, max_iters, anderson_memory, patience: as in `solve_soft_bellman`.
+
+  Returns:
+    `HardBellmanSolution`.
+
+  Raises:
+    ValueError: invalid MDP, `pi_ref`, method or options.
   """
   _check_inputs(mdp, pi_ref, None)
   dtype = mdp.rewards.dtype
   pi_ref = _as_dtype(pi_ref, dtype, "pi_ref")
   if method == "policy_iteration":
     raise ValueError("method: policy_iteration is the soft solver's Newton method; use "
-                     "'value_iteration' or 'anderson' for the hard operator")
-  cfg = _make_config(mdp, method, tol, max_iters, anderson_memory, patience, hard=True)
+                     "'value_iteration', 'anderson' or 'auto' for the hard operator")
+  cfg = _make_config(method, tol, max_iters, anderson_memory, patience, hard=True)
   return _solve_hard(mdp, pi_ref, cfg)
 
 
 @functools.partial(jax.jit, static_argnums=(2,))
 def _solve_hard(mdp, pi_ref, cfg):
-  v, k, bound = _fixed_point_loop(mdp, pi_ref, None, cfg)
+  v, k, bound, floor, tol = _fixed_point_loop(mdp, pi_ref, None, cfg)
   v = lax.stop_gradient(v)
   q = bellman.q_values(mdp, v)
   qm = jnp.where(bellman.available(pi_ref), q, -jnp.inf)
   best = qm >= jnp.max(qm, axis=-1, keepdims=True)
   policy = best / jnp.sum(best, axis=-1, keepdims=True)
   return HardBellmanSolution(v=v, q=q, policy=policy.astype(v.dtype), iterations=k,
-                             error_bound=bound, converged=bound <= cfg.tol)
+                             error_bound=bound, converged=bound <= tol, rounding_floor=floor,
+                             tol=tol)

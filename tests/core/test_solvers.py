@@ -130,7 +130,8 @@ def test_hard_limit_bounds_and_tau_to_zero(kind):
     new_gap = np.max(v_hard - v)
     assert gap is None or new_gap < gap
     gap = new_gap
-  assert gap < 0.001 * np.log(4) / 0.1
+  # The lower bound is attained where all actions tie, so compare at the solve's accuracy.
+  assert gap <= 0.001 * np.log(4) / 0.1 + 1e-9
 
 
 def test_sparse_and_dense_forms_agree():
