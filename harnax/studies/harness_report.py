@@ -100,12 +100,12 @@ def run(cfg, *, log: results.Log | None = None) -> dict:
                        budget=int(roll.env_steps) + int(roll.action_samples))))
     log(f"deployed on {j}: exact C, M, J and the sampled estimates")
 
-  policies = [read(theta[i], i) for i in names]
+  own = [read(theta[i], i) for i in names]
   frozen = [[read(theta[i], j) for j in names] for i in names]
   adapted_pol = None
   if cfg.adapt:
     adapted_pol = [[None if i == j else read(adapted[i, j], j) for j in names] for i in names]
-  swaps = hh.swap_analysis([harnesses[k] for k in names], policies, frozen, adapted_pol,
+  swaps = hh.swap_analysis([harnesses[k] for k in names], own, frozen, adapted_pol,
                            tau=cfg.tau, tol=1e-10)
   return dict(names=names, rows=rows, swaps=swaps)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from harnax import harness as hh
+from harnax.envs import checkbox
 from tests.harness import reference as ref
 
 
@@ -110,7 +111,7 @@ def test_gradient_is_finite_with_minus_inf_outputs():
 
 
 def test_semantic_policy_of_a_harness_is_usable_by_the_core():
-  h = hh.checkbox_harness("base")
+  h = checkbox.checkbox_harness("base")
   logp = jax.nn.log_softmax(jnp.asarray(np.random.default_rng(2).normal(size=(9, 10))))
   for mode in ("renormalize", "noop"):
     pol = hh.semantic_policy(h, logp, invalid=mode)

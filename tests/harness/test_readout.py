@@ -8,6 +8,8 @@ import pytest
 
 import harnax as hx
 from harnax import harness as hh
+from harnax import policies
+from harnax.envs import checkbox
 from tests.harness import reference as ref
 
 
@@ -127,9 +129,9 @@ def test_decomposition_under_jit_and_vmap():
 
 def _decompose(models, source, target, action_map=None):
   h, f, th = models["harnesses"], models["features"], models["theta"]
-  l_src = hh.semantic_log_policy(h[source], hh.log_linear_log_probs(th[source], f[source]),
+  l_src = hh.semantic_log_policy(h[source], policies.output_log_probs(th[source], f[source]),
                                  invalid="noop")
-  l_tgt = hh.semantic_log_policy(h[target], hh.log_linear_log_probs(th[source], f[target]),
+  l_tgt = hh.semantic_log_policy(h[target], policies.output_log_probs(th[source], f[target]),
                                  invalid="noop")
   return hh.harness_transfer_decomposition(h[source], h[target], l_src, l_tgt,
                                            tau=models["tau"], action_map=action_map,
@@ -224,7 +226,7 @@ def test_bad_action_maps_are_rejected():
     hh.transfer_decomposition(action_map=np.array([-1, -1, -1]), **kw)
   with pytest.raises(ValueError, match=r"target_scores: expected shape \[4, 3\]"):
     hh.transfer_decomposition(action_map=q["amap"], **dict(kw, target_scores=q["f_tgt"][:, :2]))
-  h = hh.checkbox_harnesses()
+  h = checkbox.checkbox_harnesses()
   with pytest.raises(ValueError, match="pass an action map"):
     hh.harness_transfer_decomposition(h["H0"], h["H1"], np.zeros((9, 5)), np.zeros((9, 8)),
                                       tau=0.1)
