@@ -169,6 +169,15 @@ class DecoderConfig:
         raise ValueError(f"{name}.{HF_NAMES.get(field, field)}: expected a positive integer, "
                          f"got {value!r}")
 
+    def one_per_layer(field, allowed):
+      values = getattr(self, field)
+      if len(values) != self.num_layers:
+        raise ValueError(f"{name}.{field}: expected {self.num_layers} entries "
+                         f"(num_hidden_layers), got {len(values)}")
+      for value in values:
+        if value not in allowed:
+          raise ValueError(f"{name}.{field}: expected entries in {allowed}, got {value!r}")
+
     for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                   "head_dim", "max_position_embeddings"):
       positive(field)
@@ -180,12 +189,7 @@ class DecoderConfig:
                        f"got {self.head_dim}")
     if not (self.rms_norm_eps > 0):
       raise ValueError(f"{name}.rms_norm_eps: expected > 0, got {self.rms_norm_eps}")
-    if len(self.layer_types) != self.num_layers:
-      raise ValueError(f"{name}.layer_types: expected {self.num_layers} entries "
-                       f"(num_hidden_layers), got {len(self.layer_types)}")
-    for t in self.layer_types:
-      if t not in LAYER_TYPES:
-        raise ValueError(f"{name}.layer_types: expected entries in {LAYER_TYPES}, got {t!r}")
+    one_per_layer("layer_types", LAYER_TYPES)
     if "sliding_attention" in self.layer_types:
       if not (isinstance(self.sliding_window, int) and self.sliding_window > 0):
         raise ValueError(f"{name}.sliding_window: expected a positive integer when layer_types "
@@ -203,12 +207,7 @@ class DecoderConfig:
       value = getattr(self, field)
       if value is not None and not value > 0:
         raise ValueError(f"{name}.{field}: expected None or > 0, got {value!r}")
-    if len(self.mlp_kinds) != self.num_layers:
-      raise ValueError(f"{name}.mlp_kinds: expected {self.num_layers} entries, "
-                       f"got {len(self.mlp_kinds)}")
-    for kind in self.mlp_kinds:
-      if kind not in MLP_KINDS:
-        raise ValueError(f"{name}.mlp_kinds: expected entries in {MLP_KINDS}, got {kind!r}")
+    one_per_layer("mlp_kinds", MLP_KINDS)
     if "dense" in self.mlp_kinds:
       positive("intermediate_size")
     if "moe" in self.mlp_kinds:
