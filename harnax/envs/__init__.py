@@ -1,6 +1,7 @@
-"""Environments: MiniWoB++ task families as exact finite MDPs under harnesses.
+"""Environments: task families as exact finite MDPs under harnesses.
 
-`harnax.envs.miniwob` compiles task instances under harnesses H0–H5 to
+`harnax.envs.checkbox` is a toy family (three harnesses of one checkbox task);
+`harnax.envs.miniwob` compiles MiniWoB++ task instances under harnesses H0–H5 to
 `TabularHarness`. Docs: docs/harnesses.md.
 
 Importing this package registers one gymnasium environment per (family,
@@ -11,16 +12,12 @@ click-checkboxes, click-option, click-tab-2 and harnesses H0–H5 (18 ids,
   import gymnasium, harnax.envs
   env = gymnasium.make("harnax/click-checkboxes-H1-v0", split="test")
 
-Spaces, info and options: `harnax.envs.miniwob.gym_env`. `reset`, `step` and
-`rollout` (from `harnax.core.sampling`, re-exported here) step a compiled MDP
-in JAX for many environments at once.
+Spaces, info and options: `harnax.envs.miniwob.gym_env`. To step a compiled MDP
+in JAX for many environments at once, use `hx.reset`, `hx.step` and `hx.rollout`
+(`harnax.core.sampling`).
 """
 
-from harnax.core.sampling import Rollout
-from harnax.core.sampling import absorbing_states
-from harnax.core.sampling import reset
-from harnax.core.sampling import rollout
-from harnax.core.sampling import step
+from harnax.envs import checkbox
 from harnax.envs import miniwob
 from harnax.envs.miniwob import gym_env
 from harnax.envs.miniwob.gym_env import ENV_IDS
@@ -30,3 +27,14 @@ from harnax.envs.miniwob.gym_env import env_id
 from harnax.envs.miniwob.gym_env import register_envs
 
 register_envs()
+
+__all__ = [
+    "checkbox",
+    "miniwob",
+    "gym_env",
+    "ENV_IDS",
+    "MAX_EPISODE_STEPS",
+    "MiniWoBEnv",
+    "env_id",
+    "register_envs",
+]
