@@ -14,7 +14,8 @@ input size:
 * :func:`experts_gather`: gathers the routed experts' weights per assignment; reads only those.
 
 :func:`choose_moe_impl` resolves ``"auto"`` to one of them; docs/models.md gives the measured
-crossovers. All shapes are static, so every kernel works under ``jit``, ``vmap`` and ``grad``.
+crossovers. All shapes are static, so every kernel works under ``jit``, ``vmap`` and ``grad``
+(:func:`experts_ragged`: reverse mode only).
 """
 
 from __future__ import annotations
@@ -155,7 +156,9 @@ def experts_ragged(x: Array, weights: Array, experts: Array, gate: Array, up: Ar
   """Routed expert MLPs computed only for the chosen (token, expert) pairs.
 
   Sorts the N*k assignments by expert and runs one grouped matmul per projection
-  (``lax.ragged_dot_general``), so the cost is k expert MLPs per token, not E.
+  (``lax.ragged_dot_general``), so the cost is k expert MLPs per token, not E. Under ``vmap``
+  the grouped matmuls run once per batch item; reverse-mode autodiff works, forward-mode
+  (``jax.jvp``) does not.
 
   Args:
     x: [N, hidden]; weights: [N, k]; experts: [N, k] int.
