@@ -4,7 +4,10 @@ The public API is this list. Numerical functions take one problem; batch them
 with `jax.vmap` and shard them with a `jax.sharding.Mesh`. Subpackages:
 `harnax.core` (exact tabular core), `harnax.harness` (interfaces, readout,
 transfer decomposition, swap analysis), `harnax.estimate` (deployment estimators),
-`harnax.models` (Flax NNX LLM ports), `harnax.parallel` (meshes, sharding).
+`harnax.envs` (task families under harnesses), `harnax.models` (Flax NNX LLM
+ports), `harnax.policies` (models read through a harness), `harnax.train`
+(optax loops), `harnax.studies` (experiment pipelines), `harnax.parallel`
+(meshes, sharding). Each layer imports only the ones before it (tests/test_layering.py).
 
 One argument rule, everywhere in core, harness and estimate:
 
@@ -24,9 +27,10 @@ One argument rule, everywhere in core, harness and estimate:
 
 from harnax import _xla_flags
 
+# Before anything imports jax's CPU backend (README, "Known issues"); hence E402 below.
 _xla_flags.apply_cpu_workarounds()
 
-from harnax.core.bellman import action_scores  # pylint: disable=g-import-not-at-top
+from harnax.core.bellman import action_scores
 from harnax.core.bellman import hard_bellman_operator
 from harnax.core.bellman import kl_between
 from harnax.core.bellman import q_values

@@ -5,14 +5,12 @@
 Writes `<output_dir>/demo.md` (tables) and `<output_dir>/config.json`.
 """
 
-import json
 import os
 import time
 
-from ml_collections import config_flags
 import jax
 import jax.numpy as jnp
-import numpy as np
+from ml_collections import config_flags
 
 import harnax as hx
 from harnax.studies import results

@@ -6,8 +6,8 @@ Writes `<output_dir>/report.md`, `metrics.json` and `config.json`; the pipeline 
 `harnax.studies.harness_report` (its docstring says what the tables hold).
 """
 
-from ml_collections import config_flags
 import jax
+from ml_collections import config_flags
 
 from harnax.studies import harness_report
 from harnax.studies import results

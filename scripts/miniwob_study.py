@@ -12,8 +12,8 @@ and `harnax.studies.miniwob_report`.
 
 import os
 
-from ml_collections import config_flags
 import jax
+from ml_collections import config_flags
 
 from harnax.studies import miniwob_report
 from harnax.studies import results

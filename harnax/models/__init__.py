@@ -10,22 +10,33 @@ models.save_pretrained(model, path)            # back to the HF format
 ```
 """
 
-from harnax.models.checkpoint import restore_state, save_state
-from harnax.models.config import DecoderConfig, RopeConfig
-from harnax.models.decoding import Generation, decode, generate, prefill, sample_token
+from harnax.models.checkpoint import restore_state
+from harnax.models.checkpoint import save_state
+from harnax.models.config import DecoderConfig
+from harnax.models.config import RopeConfig
+from harnax.models.decoding import Generation
+from harnax.models.decoding import decode
+from harnax.models.decoding import generate
+from harnax.models.decoding import prefill
+from harnax.models.decoding import sample_token
 from harnax.models.gemma3 import Gemma3Config
-from harnax.models.hf import (
-    CheckpointError,
-    abstract_model,
-    config_from_hf_dict,
-    from_config,
-    load_pretrained,
-    save_pretrained,
-)
-from harnax.models.logprobs import (SpanScore, concat_completion, score_spans, sequence_logprobs,
-                                    token_logprobs)
-from harnax.models.model import (AttentionCache, Cache, CausalLM, forward, param_count,
-                                 positions_from_mask)
+from harnax.models.hf import CheckpointError
+from harnax.models.hf import abstract_model
+from harnax.models.hf import config_from_hf_dict
+from harnax.models.hf import from_config
+from harnax.models.hf import load_pretrained
+from harnax.models.hf import save_pretrained
+from harnax.models.logprobs import SpanScore
+from harnax.models.logprobs import concat_completion
+from harnax.models.logprobs import score_spans
+from harnax.models.logprobs import sequence_logprobs
+from harnax.models.logprobs import token_logprobs
+from harnax.models.model import AttentionCache
+from harnax.models.model import Cache
+from harnax.models.model import CausalLM
+from harnax.models.model import forward
+from harnax.models.model import param_count
+from harnax.models.model import positions_from_mask
 from harnax.models.qwen3 import Qwen3Config
 from harnax.models.qwen3_moe import Qwen3MoeConfig
 from harnax.models.tokenizer import Tokenizer

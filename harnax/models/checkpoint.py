@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import jax
 from flax import nnx
+import jax
 
 
 def _orbax():

@@ -13,12 +13,14 @@ from __future__ import annotations
 import functools
 from typing import Sequence
 
+from flax import nnx
+from flax import struct
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
 
 from harnax.models.logprobs import token_logprobs
-from harnax.models.model import Cache, CausalLM
+from harnax.models.model import Cache
+from harnax.models.model import CausalLM
 
 Array = jax.Array
 

@@ -14,7 +14,11 @@ import json
 from typing import Any, Mapping
 
 from harnax.models import mapping
-from harnax.models.config import (DecoderConfig, RopeConfig, eos_to_hf, eos_tuple, require)
+from harnax.models.config import DecoderConfig
+from harnax.models.config import RopeConfig
+from harnax.models.config import eos_to_hf
+from harnax.models.config import eos_tuple
+from harnax.models.config import require
 
 ARCHITECTURE = "Gemma3ForCausalLM"
 MODEL_TYPE = "gemma3_text"

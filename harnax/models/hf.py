@@ -11,14 +11,19 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Mapping as TMapping
+from typing import Any
+from typing import Mapping as TMapping
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from harnax.models import gemma3, mapping, qwen3, qwen3_moe, safetensors_io
+from harnax.models import gemma3
+from harnax.models import mapping
+from harnax.models import qwen3
+from harnax.models import qwen3_moe
+from harnax.models import safetensors_io
 from harnax.models.config import DecoderConfig
 from harnax.models.model import CausalLM
 

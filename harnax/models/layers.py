@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import math
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from harnax.models.config import RopeConfig
 from harnax.parallel import constrain

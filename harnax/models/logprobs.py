@@ -7,9 +7,9 @@ and by :func:`sequence_logprobs` for teacher forcing, so sampled and re-scored l
 
 from __future__ import annotations
 
+from flax import struct
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 Array = jax.Array
 

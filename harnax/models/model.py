@@ -14,12 +14,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from flax import nnx
+from flax import struct
 import jax
 import jax.numpy as jnp
-from flax import nnx, struct
 
 from harnax.models.config import DecoderConfig
-from harnax.models.layers import Attention, Embed, GatedMLP, Linear, RMSNorm
+from harnax.models.layers import Attention
+from harnax.models.layers import Embed
+from harnax.models.layers import GatedMLP
+from harnax.models.layers import Linear
+from harnax.models.layers import RMSNorm
 from harnax.models.moe import MoE
 from harnax.parallel import constrain
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
 from flax import nnx
+import jax
 from jax import custom_batching
+import jax.numpy as jnp
 
-from harnax.models.layers import activation, normal_init
+from harnax.models.layers import activation
+from harnax.models.layers import normal_init
 
 Array = jax.Array
 

@@ -12,7 +12,11 @@ import json
 from typing import Any, Mapping
 
 from harnax.models import mapping
-from harnax.models.config import DecoderConfig, eos_to_hf, eos_tuple, require, single_rope
+from harnax.models.config import DecoderConfig
+from harnax.models.config import eos_to_hf
+from harnax.models.config import eos_tuple
+from harnax.models.config import require
+from harnax.models.config import single_rope
 
 ARCHITECTURE = "Qwen3ForCausalLM"
 MODEL_TYPE = "qwen3"

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 from harnax.models import mapping
 from harnax.models.config import DecoderConfig
-from harnax.models.qwen3 import common_fields, common_hf
+from harnax.models.qwen3 import common_fields
+from harnax.models.qwen3 import common_hf
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"
 MODEL_TYPE = "qwen3_moe"

@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 
 def batch_mesh(axis: str = "data", devices=None) -> Mesh:

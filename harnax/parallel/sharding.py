@@ -18,8 +18,10 @@ import math
 from typing import Any, Iterator, Mapping, Sequence
 
 import jax
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -87,7 +89,8 @@ def logical_to_spec(axes: Sequence[str | None] | None, shape: Sequence[int] | No
   if axes is None:
     return PartitionSpec()
   if shape is not None and len(axes) != len(shape):
-    raise ValueError(f"axes: {tuple(axes)} has {len(axes)} names for an array of shape {tuple(shape)}")
+    raise ValueError(f"axes: {tuple(axes)} has {len(axes)} names for an array of shape "
+                     f"{tuple(shape)}")
   used: set[str] = set()
   spec = []
   for i, name in enumerate(axes):
@@ -145,8 +148,10 @@ def tree_shardings(abstract_tree: Any, axes_tree: Any, mesh: Mesh,
 
   ``axes_tree`` holds a tuple of logical names (or None) per leaf, with the same structure.
   """
-  is_axes = lambda a: a is None or (isinstance(a, tuple) and all(
-      isinstance(n, (str, type(None))) for n in a))
+  def is_axes(a):
+    return a is None or (isinstance(a, tuple) and all(
+        isinstance(n, (str, type(None))) for n in a))
+
   flat_axes = jax.tree.leaves(axes_tree, is_leaf=is_axes)
   leaves, treedef = jax.tree.flatten(abstract_tree)
   if len(flat_axes) != len(leaves):
@@ -156,7 +161,8 @@ def tree_shardings(abstract_tree: Any, axes_tree: Any, mesh: Mesh,
   return jax.tree.unflatten(treedef, out)
 
 
-def module_shardings(module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> dict[tuple, NamedSharding]:
+def module_shardings(module, mesh: Mesh,
+                     rules: Rules = DEFAULT_RULES) -> dict[tuple, NamedSharding]:
   """``{param path: NamedSharding}`` from the ``axes`` metadata of a Flax NNX module's variables.
 
   Variables without ``axes`` metadata are replicated.

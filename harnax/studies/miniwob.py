@@ -104,7 +104,8 @@ def pad_batch(compiled: Sequence[harnesses_lib.CompiledHarness], shape=None,
     masks.append(mask)
   return PaddedBatch(mdp=mdp_lib.stack(mdps), pi_ref=jnp.asarray(np.stack(refs)),
                      decode_table=jnp.asarray(np.stack(tables)),
-                     features=jnp.asarray(np.stack(feats)), output_mask=jnp.asarray(np.stack(masks)))
+                     features=jnp.asarray(np.stack(feats)),
+                     output_mask=jnp.asarray(np.stack(masks)))
 
 
 def semantic_policy(theta: Array, batch: PaddedBatch) -> Array:

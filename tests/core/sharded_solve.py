@@ -8,7 +8,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import harnax as hx  # noqa: E402
-from harnax.parallel.batch import batch_mesh, shard_batch  # noqa: E402
+from harnax.parallel.batch import batch_mesh  # noqa: E402
+from harnax.parallel.batch import shard_batch  # noqa: E402
 
 
 def main():

@@ -1,6 +1,5 @@
 """Exact policy evaluation and occupancy against float64 references and the literature."""
 
-import jax
 import numpy as np
 import pytest
 

@@ -1,8 +1,9 @@
 """Property tests (hypothesis) over random MDPs, references and policies."""
 
-import jax
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import numpy as np
-from hypothesis import given, settings, strategies as st
 
 import harnax as hx
 from tests.core import reference as ref

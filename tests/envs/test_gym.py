@@ -3,9 +3,9 @@
 import warnings
 
 import gymnasium
+from gymnasium.utils.env_checker import check_env
 import numpy as np
 import pytest
-from gymnasium.utils.env_checker import check_env
 
 import harnax.envs  # registers the environments
 from harnax.envs.miniwob import gym_env

@@ -1,10 +1,12 @@
 """Spearman and Kendall tau-b (with ties) against scipy.stats."""
 
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import jax
 import numpy as np
 import pytest
 import scipy.stats
-from hypothesis import given, settings, strategies as st
 
 from harnax.estimate import rank
 

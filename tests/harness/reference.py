@@ -7,7 +7,10 @@ and direct linear solves.
 import numpy as np
 
 # The MDP-level references are shared with the core tests (also harnax-free).
-from tests.core.reference import evaluate, kl_rows, log_ref, occupancy  # noqa: F401
+from tests.core.reference import evaluate  # noqa: F401
+from tests.core.reference import kl_rows  # noqa: F401
+from tests.core.reference import log_ref  # noqa: F401
+from tests.core.reference import occupancy  # noqa: F401
 
 
 def aggregate(output_probs, decode_table, num_actions, invalid, noop_action=None):

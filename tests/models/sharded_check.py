@@ -12,13 +12,14 @@ import sys
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8")
 
+from flax import nnx  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from flax import nnx  # noqa: E402
 
-from harnax import models, parallel  # noqa: E402
+from harnax import models  # noqa: E402
+from harnax import parallel  # noqa: E402
 from harnax.models import logprobs  # noqa: E402
 
 

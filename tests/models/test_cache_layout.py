@@ -5,11 +5,11 @@ step that updates it in place (no copy of a cache-sized buffer)."""
 import functools
 import re
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from harnax import models
 from harnax.models.model import AttentionCache

@@ -3,13 +3,14 @@
 import os
 import shutil
 
+from conftest import padded_batch
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import padded_batch
 from harnax import models
-from harnax.models import checkpoint, safetensors_io
+from harnax.models import checkpoint
+from harnax.models import safetensors_io
 
 
 def _rewrite(src: str, dst: str, edit) -> None:
@@ -56,6 +57,7 @@ def test_missing_weights_file(tmp_path, pair_factory):
 
 def test_mapping_table_covers_every_parameter_once(pair_factory):
   from flax import nnx
+
   from harnax.models import hf
   for name in ("qwen3", "qwen3_moe", "gemma3"):
     model = pair_factory(name).model

@@ -60,8 +60,8 @@ def test_full_size_shapes_and_param_counts(name, config, published, rel):
   count = models.param_count(abstract)
   assert abs(count - published) / published < rel, (name, count)
   ids = jnp.zeros((2, 7), jnp.int32)
-  import jax
   from flax import nnx
+  import jax
   graphdef, state = nnx.split(abstract)
   logits = jax.eval_shape(lambda s, x: nnx.merge(graphdef, s)(x), state, ids)
   assert logits.shape == (2, 7, cfg.vocab_size) and logits.dtype == jnp.float32

@@ -1,14 +1,15 @@
 """Generation (greedy parity with transformers.generate, sampling, stop tokens, cache bounds)
 and teacher-forced scoring (values and gradients against torch autograd)."""
 
+from conftest import hf_logits
+from conftest import padded_batch
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 
-from conftest import hf_logits, padded_batch
 from harnax import models
 from harnax.models import decoding as gen
 from harnax.models import logprobs

@@ -4,13 +4,13 @@ input sizes on both sides of every crossover."""
 
 import functools
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
-from flax import nnx
 
 from harnax.models import moe
 

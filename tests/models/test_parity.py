@@ -3,14 +3,15 @@
 import json
 import os
 
+from conftest import hf_logits
+from conftest import padded_batch
+from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
-from flax import nnx
 
-from conftest import hf_logits, padded_batch
 from harnax import models
 
 FAMILIES = ["qwen3", "qwen3_tied", "qwen3_swa", "qwen3_moe", "qwen3_moe_norm", "gemma3"]

@@ -16,7 +16,11 @@ TEMPLATE = ("{% for m in messages %}<start> {{ m['role'] }} {{ m['content'] }} <
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-  from tokenizers import Tokenizer as T, models, pre_tokenizers, processors, trainers
+  from tokenizers import Tokenizer as T
+  from tokenizers import models
+  from tokenizers import pre_tokenizers
+  from tokenizers import processors
+  from tokenizers import trainers
   corpus = ["open the door", "take the key", "go north", "look at the red key", "unlock door"]
   tok = T(models.WordLevel(unk_token="<unk>"))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()

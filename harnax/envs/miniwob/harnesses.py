@@ -19,8 +19,10 @@ The additions of the harness-transfer study (H1–H4 add one each; H5 has all fo
 |---|---|---|
 | H0 | none: one primitive click per step | — |
 | H1 | batch clicks: one action clicks a sequence of elements | execution |
-| H2 | automatic checking: every step shows the harness's check of the page, and a finishing click the check fails is blocked (a no-op) | execution |
-| H3 | a verification tool: an action `verify` that shows the check until the next action | execution (one more action, states carry "verified") |
+| H2 | automatic checking: every step shows the harness's check of the page, | execution |
+|    | and a finishing click the check fails is blocked (a no-op)             |           |
+| H3 | a verification tool: an action `verify` that shows the check until the | execution |
+|    | next action (one more action; states carry "verified")                 |           |
 | H4 | additional instructions in the notes | representation only |
 | H5 | H1 + H2 + H3 + H4 | execution |
 
