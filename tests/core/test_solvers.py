@@ -62,7 +62,7 @@ def test_certified_bound_contains_the_true_error(method):
 
 
 def test_macqueen_midpoint_needs_far_fewer_sweeps_than_a_sup_norm_stop():
-  # REFERENCES.md: at gamma = 0.99 the span stop ends ~100x earlier on random dense MDPs.
+  # At gamma = 0.99 the span stop ends ~100x earlier on random dense MDPs.
   rng = np.random.default_rng(0)
   p = ref.random_problem(rng, 64, 8, gamma=0.99)
   sol = hx.solve_soft_bellman(_dense(p), p["pi_ref"], 1.0, method="value_iteration", tol=1e-6)
@@ -156,21 +156,125 @@ def test_float32_default_and_float64_when_asked():
   assert hx.solve_soft_bellman(mdp64, hx.uniform_reference(16, 3), 0.5).v.dtype == jnp.float64
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_float32_at_gamma_099_reaches_its_rounding_floor(method):
+def _on_float32_grid(P):
+  """Rows on the 2^-20 grid summing to exactly 1: the same MDP in float32 and float64.
+
+  Otherwise float32 rounding of `P` moves `V*` by about `gamma/(1-gamma) eps |V*|`, an
+  input error no solver certificate covers.
+  """
+  q = np.floor(P * 2.0**20)
+  top = q.argmax(-1)[..., None]
+  np.put_along_axis(q, top, np.take_along_axis(q, top, -1) + (2.0**20 - q.sum(-1))[..., None], -1)
+  return q / 2.0**20
+
+
+def _float32(p):
+  return hx.TabularMDP(transitions=p["P"].astype(np.float32), rewards=p["r"].astype(np.float32),
+                       discount=np.float32(p["gamma"]), initial=p["mu0"].astype(np.float32))
+
+
+@pytest.mark.parametrize("method", METHODS + ["auto"])
+def test_float32_tol_below_the_floor_stops_at_the_floor(method):
   rng = np.random.default_rng(2)
   p = ref.random_problem(rng, 64, 8, gamma=0.99)
-  v64, _, _ = ref.soft_optimum(p["P"], p["r"], 0.99, p["pi_ref"], 1.0)
+  # Rewards of order 100: |V*| ~ 1e4, so float32 cannot certify 1e-6.
+  p["P"] = _on_float32_grid(p["P"])
+  # The reference solves the float32 numbers (a 1e-8 change of gamma moves V* by 1e-2 here).
+  p["r"] = np.asarray(p["r"] * 100.0, np.float32).astype(np.float64)
+  p["gamma"] = float(np.float32(0.99))
+  p["pi_ref"] = p["pi_ref"].astype(np.float32).astype(np.float64)
+  v64, _, _ = ref.soft_optimum(p["P"], p["r"], p["gamma"], p["pi_ref"], 1.0)
   with jax.enable_x64(False):
-    mdp = hx.TabularMDP(transitions=p["P"].astype(np.float32), rewards=p["r"].astype(np.float32),
-                        discount=np.float32(0.99), initial=p["mu0"].astype(np.float32))
-    sol = hx.solve_soft_bellman(mdp, p["pi_ref"].astype(np.float32), 1.0, method=method, tol=1e-9)
-    v = np.asarray(sol.v, np.float64)
-  # tol is below float32's floor: the loop must stop (not run to max_iters), say it
-  # did not converge, and still be accurate to a few float32 ulps of |V|.
-  assert not bool(sol.converged)
-  assert int(sol.iterations) < 2000
-  assert np.max(np.abs(v - v64)) < 50 * np.finfo(np.float32).eps * np.abs(v64).max()
+    mdp, pi_ref = _float32(p), p["pi_ref"].astype(np.float32)
+    reachable = hx.solve_soft_bellman(mdp, pi_ref, 1.0, method=method)
+    below = hx.solve_soft_bellman(mdp, pi_ref, 1.0, method=method, tol=1e-6)
+  assert bool(reachable.converged)
+  # tol is below float32's floor: the loop stops once the bound is at the floor
+  # (within twice it), says it did not converge, reports the floor, and costs no
+  # more iterations than the reachable default.
+  assert not bool(below.converged)
+  assert 1e-6 < float(below.rounding_floor) and float(below.tol) == pytest.approx(1e-6)
+  assert float(below.error_bound) <= 2 * float(below.rounding_floor)
+  assert int(below.iterations) <= int(reachable.iterations)
+  for sol in (reachable, below):
+    err = np.max(np.abs(np.asarray(sol.v, np.float64) - v64))
+    assert err <= float(sol.error_bound)
+
+
+def test_default_tol_converges_on_the_readme_problem_in_float32():
+  with jax.enable_x64(False):
+    mdp = hx.random_dense_mdp(jax.random.key(0), 64, 8, discount=0.99)
+    pi_ref = hx.random_reference(jax.random.key(1), 64, 8, unavailable_fraction=0.25)
+    sol = hx.solve_soft_bellman(mdp, pi_ref, 0.1)
+    assert sol.v.dtype == jnp.float32
+  assert bool(sol.converged)
+  # The default aims at twice the floor: a few float32 ulps of |V*| (~80 here).
+  assert float(sol.tol) == pytest.approx(2 * float(sol.rounding_floor), rel=1e-6)
+  v_scale = float(np.max(np.abs(np.asarray(sol.v))))
+  assert float(sol.tol) < 1e3 * np.finfo(np.float32).eps * v_scale
+  v64, _, _ = ref.soft_optimum(np.asarray(mdp.transitions, np.float64),
+                               np.asarray(mdp.rewards, np.float64), float(mdp.discount),
+                               np.asarray(pi_ref, np.float64), 0.1)
+  assert np.max(np.abs(np.asarray(sol.v, np.float64) - v64)) <= float(sol.error_bound)
+
+
+def test_default_tol_in_float64_is_near_machine_precision():
+  rng = np.random.default_rng(4)
+  p = ref.random_problem(rng, 30, 4, gamma=0.95)
+  v64, _, _ = ref.soft_optimum(p["P"], p["r"], 0.95, p["pi_ref"], 0.5)
+  sol = hx.solve_soft_bellman(_dense(p), p["pi_ref"], 0.5)
+  assert bool(sol.converged)
+  assert float(sol.tol) < 1e-11 * max(1.0, np.abs(v64).max())
+  assert np.max(np.abs(np.asarray(sol.v) - v64)) <= float(sol.error_bound)
+
+
+def _ring(s, gamma, seed):
+  """Two deterministic moves, one step either way round a cycle: it mixes slowly."""
+  rng = np.random.default_rng(seed)
+  a = 2
+  offsets = np.array([1, -1])
+  succ = (np.arange(s)[:, None] + offsets[None, :]) % s
+  P = np.zeros((s, a, s))
+  np.put_along_axis(P, succ[..., None], 1.0, axis=-1)
+  return dict(P=P, r=rng.uniform(size=(s, a)), gamma=gamma, mu0=np.full(s, 1 / s),
+              pi_ref=np.full((s, a), 1 / a))
+
+
+def test_auto_runs_plain_sweeps_on_a_well_mixing_mdp():
+  # Dirichlet(1) rows mix in a few sweeps: "auto" is value iteration there.
+  p = ref.random_problem(np.random.default_rng(6), 64, 8, gamma=0.99)
+  v64, _, _ = ref.soft_optimum(p["P"], p["r"], 0.99, p["pi_ref"], 0.1)
+  auto = hx.solve_soft_bellman(_dense(p), p["pi_ref"], 0.1, tol=1e-9)
+  vi = hx.solve_soft_bellman(_dense(p), p["pi_ref"], 0.1, method="value_iteration", tol=1e-9)
+  assert bool(auto.converged)
+  assert int(auto.iterations) == int(vi.iterations)
+  np.testing.assert_array_equal(auto.v, vi.v)
+  assert np.max(np.abs(np.asarray(auto.v) - v64)) <= float(auto.error_bound)
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_auto_accelerates_a_slowly_mixing_mdp(kind):
+  # A deterministic cycle at gamma = 0.99 contracts the span by about gamma per
+  # sweep: "auto" hands over to Anderson and needs far fewer sweeps.
+  p = _ring(40, 0.99, seed=0)
+  v64, _, _ = ref.soft_optimum(p["P"], p["r"], 0.99, p["pi_ref"], 0.1, iters=400)
+  mdp = _dense(p) if kind == "dense" else _sparse(p)
+  auto = hx.solve_soft_bellman(mdp, p["pi_ref"], 0.1, tol=1e-8)
+  vi = hx.solve_soft_bellman(mdp, p["pi_ref"], 0.1, method="value_iteration", tol=1e-8)
+  assert bool(auto.converged) and bool(vi.converged)
+  assert 4 * int(auto.iterations) < int(vi.iterations)
+  assert np.max(np.abs(np.asarray(auto.v) - v64)) <= float(auto.error_bound)
+
+
+def test_hard_solution_reports_its_floor_and_tolerance():
+  p = ref.random_problem(np.random.default_rng(12), 20, 3, gamma=0.9)
+  uniform = np.full((20, 3), 1 / 3)
+  hard = hx.solve_hard_bellman(_dense(p), uniform)
+  assert bool(hard.converged)
+  assert float(hard.tol) == pytest.approx(2 * float(hard.rounding_floor), rel=1e-6)
+  v_hard = ref.hard_optimum(p["P"], p["r"], 0.9, uniform)
+  # The reference (value iteration) is itself accurate to about 1e-12.
+  assert np.max(np.abs(np.asarray(hard.v) - v_hard)) <= float(hard.error_bound) + 1e-11
 
 
 # ----------------------------------------------------------------------------
@@ -293,8 +397,9 @@ def test_rejects_bad_reference_shape_and_values(small):
 def test_rejects_bad_options(small):
   with pytest.raises(ValueError, match="method"):
     hx.solve_soft_bellman(_dense(small), small["pi_ref"], 1.0, method="magic")
-  with pytest.raises(ValueError, match="tol"):
-    hx.solve_soft_bellman(_dense(small), small["pi_ref"], 1.0, tol=0)
+  for bad_tol in (0, -1e-3, np.nan, "1e-6"):
+    with pytest.raises(ValueError, match="tol: expected None or a positive finite number"):
+      hx.solve_soft_bellman(_dense(small), small["pi_ref"], 1.0, tol=bad_tol)
   with pytest.raises(ValueError, match="max_iters"):
     hx.solve_soft_bellman(_dense(small), small["pi_ref"], 1.0, max_iters=0)
   with pytest.raises(ValueError, match="tau: expected a scalar"):
