@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import harnax as hx
-from harnax import envs as ro
+from harnax.core import sampling as ro
 from harnax.envs.miniwob import harnesses
 from harnax.envs.miniwob import tasks
 
