@@ -8,6 +8,7 @@ Derivations, bias/variance facts and the proof of the log-odds bound:
 docs/estimation.md.
 """
 
+from harnax.estimate.bootstrap import SampleEstimate
 from harnax.estimate.bootstrap import bootstrap_ci
 from harnax.estimate.bootstrap import standard_error
 from harnax.estimate.log_odds import centered_score_errors
@@ -20,7 +21,6 @@ from harnax.estimate.log_odds import pair_weights
 from harnax.estimate.log_odds import score_error_range
 from harnax.estimate.log_odds import weighted_pair_errors
 from harnax.estimate.mismatch import ESTIMATORS
-from harnax.estimate.mismatch import MismatchEstimate
 from harnax.estimate.mismatch import estimate_mismatch
 from harnax.estimate.mismatch import every_step_mismatch
 from harnax.estimate.mismatch import k1_kl
@@ -41,7 +41,6 @@ from harnax.estimate.proxy import read_episodes
 from harnax.estimate.rank import average_ranks
 from harnax.estimate.rank import kendall_tau_b
 from harnax.estimate.rank import spearman
-from harnax.estimate.returns import ReturnEstimate
 from harnax.estimate.returns import rollout_return
 from harnax.estimate.sampling import GymOccupancySamples
 from harnax.estimate.sampling import OccupancySamples
@@ -51,6 +50,7 @@ from harnax.estimate.sampling import state_histogram
 from harnax.estimate.sampling import total_variation
 
 __all__ = [
+    "SampleEstimate",
     "bootstrap_ci",
     "standard_error",
     "centered_score_errors",
@@ -63,7 +63,6 @@ __all__ = [
     "score_error_range",
     "weighted_pair_errors",
     "ESTIMATORS",
-    "MismatchEstimate",
     "estimate_mismatch",
     "every_step_mismatch",
     "k1_kl",
@@ -84,7 +83,6 @@ __all__ = [
     "average_ranks",
     "kendall_tau_b",
     "spearman",
-    "ReturnEstimate",
     "rollout_return",
     "GymOccupancySamples",
     "OccupancySamples",

@@ -1,4 +1,4 @@
-"""Standard errors and percentile-bootstrap intervals of a sample mean.
+"""Sample-mean estimates: their container, standard errors and percentile-bootstrap intervals.
 
 Every estimator here averages i.i.d. per-sample values (per-state KL estimates,
 per-rollout returns), so one interval serves them all: resample the values
@@ -10,6 +10,7 @@ Both functions work under `jit` and `vmap` (`num_resamples` is static).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,32 @@ import jax.numpy as jnp
 from harnax.core import validation as val
 
 Array = jax.Array
+
+
+class SampleEstimate(NamedTuple):
+  """A Monte-Carlo estimate: the scaled mean of i.i.d. samples, its error and its cost.
+
+  Attributes:
+    value: the estimate, scalar (`M_hat` or `J_hat`).
+    samples: `[n]`, the i.i.d. values whose mean, scaled, is `value`: per-state KL
+      estimates (`estimate_mismatch`), per-rollout discounted KL sums
+      (`every_step_mismatch`) or per-rollout discounted returns (`rollout_return`).
+    stderr: standard error of `value` from the spread of `samples`.
+    ci_low, ci_high: percentile-bootstrap interval at the requested `confidence`.
+    truncation_bias: bound on `|E value - truth|` from capping rollouts (each
+      estimator's docstring gives its form).
+    env_steps: environment steps used (scalar int).
+    action_samples: actions drawn through the deployed policy (scalar int).
+  """
+
+  value: Array
+  samples: Array
+  stderr: Array
+  ci_low: Array
+  ci_high: Array
+  truncation_bias: Array
+  env_steps: Array
+  action_samples: Array
 
 
 def check_values(name: str, values) -> Array:

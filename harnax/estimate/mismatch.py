@@ -34,7 +34,6 @@ rollouts uses every visited state; truncation at H biases it low by at most
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,32 +50,6 @@ from harnax.estimate import sampling
 Array = jax.Array
 
 ESTIMATORS = ("plugin", "miller_madow", "k1", "k3")
-
-
-class MismatchEstimate(NamedTuple):
-  """A sample-based mismatch estimate.
-
-  Attributes:
-    value: `M_hat`, scalar.
-    per_state: `[n]` per-sample contributions before scaling (per-state KL
-      estimates; per-rollout discounted KL sums for the every-step variant).
-    stderr: standard error of `value` from the spread of `per_state`.
-    ci_low, ci_high: percentile-bootstrap interval for `M` at `confidence`.
-    truncation_bias: bound on the bias from capping rollouts (geometric
-      stopping: `tau/(1-gamma) * gamma^max_steps * max KL`; every-step:
-      `tau * gamma^H * max KL / (1-gamma)`).
-    env_steps: environment steps used (scalar int).
-    action_samples: actions drawn through the deployed policy (scalar int).
-  """
-
-  value: Array
-  per_state: Array
-  stderr: Array
-  ci_low: Array
-  ci_high: Array
-  truncation_bias: Array
-  env_steps: Array
-  action_samples: Array
 
 
 # ---------------------------------------------------------------------------
@@ -227,7 +200,7 @@ def _check_estimator_inputs(mdp, policy, pi_star, tau, estimator, num_action_sam
 def estimate_mismatch(key, mdp, policy, pi_star, tau, *, num_states: int,
                       num_action_samples: int, estimator: str = "miller_madow",
                       max_steps: int = 10_000, confidence: float = 0.9,
-                      num_resamples: int = 1000) -> MismatchEstimate:
+                      num_resamples: int = 1000) -> bootstrap.SampleEstimate:
   """Geometric-stopping mismatch estimate with a bootstrap interval.
 
   Args:
@@ -244,7 +217,7 @@ def estimate_mismatch(key, mdp, policy, pi_star, tau, *, num_states: int,
     confidence: bootstrap level; num_resamples: bootstrap replicates.
 
   Returns:
-    `MismatchEstimate`; `per_state` holds the n per-state KL estimates.
+    `SampleEstimate`; `samples` holds the n per-state KL estimates.
   """
   policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
                                                  num_action_samples)
@@ -266,15 +239,16 @@ def _estimate_mismatch(key, mdp, policy, pi_star, tau, num_states, num_action_sa
   lo, hi = bootstrap.bootstrap_ci(k_boot, kls, confidence=confidence,
                                   num_resamples=num_resamples, scale=scale)
   max_kl = jnp.max(bellman.kl_between(policy, pi_star))
-  return MismatchEstimate(
-      value=scale * jnp.mean(kls), per_state=kls, stderr=scale * bootstrap.standard_error(kls),
+  return bootstrap.SampleEstimate(
+      value=scale * jnp.mean(kls), samples=kls, stderr=scale * bootstrap.standard_error(kls),
       ci_low=lo, ci_high=hi, truncation_bias=scale * occ.truncation_bias * max_kl,
       env_steps=jnp.sum(occ.steps), action_samples=jnp.asarray(num_states * num_action_samples))
 
 
 def every_step_mismatch(key, mdp, policy, pi_star, tau, *, num_rollouts: int, horizon: int,
                         num_action_samples: int, estimator: str = "miller_madow",
-                        confidence: float = 0.9, num_resamples: int = 1000) -> MismatchEstimate:
+                        confidence: float = 0.9,
+                        num_resamples: int = 1000) -> bootstrap.SampleEstimate:
   """Every-step estimate `tau * mean_i sum_{t<H} gamma^t KL_hat(s_{i,t})`.
 
   `E sum_t gamma^t KL(s_t) = E_{d^pi} KL / (1-gamma)`, so the untruncated sum is
@@ -289,7 +263,7 @@ def every_step_mismatch(key, mdp, policy, pi_star, tau, *, num_rollouts: int, ho
     num_action_samples: N actions at every visited state.
 
   Returns:
-    `MismatchEstimate`; `per_state` holds the n per-rollout discounted KL sums
+    `SampleEstimate`; `samples` holds the n per-rollout discounted KL sums
     (unscaled by tau).
   """
   policy, pi_star, tau = _check_estimator_inputs(mdp, policy, pi_star, tau, estimator,
@@ -312,8 +286,8 @@ def _every_step(key, mdp, policy, pi_star, tau, num_rollouts, horizon, num_actio
   lo, hi = bootstrap.bootstrap_ci(k_boot, sums, confidence=confidence,
                                   num_resamples=num_resamples, scale=tau)
   max_kl = jnp.max(bellman.kl_between(policy, pi_star))
-  return MismatchEstimate(
-      value=tau * jnp.mean(sums), per_state=sums, stderr=tau * bootstrap.standard_error(sums),
+  return bootstrap.SampleEstimate(
+      value=tau * jnp.mean(sums), samples=sums, stderr=tau * bootstrap.standard_error(sums),
       ci_low=lo, ci_high=hi,
       truncation_bias=tau * mdp.discount ** horizon * max_kl / (1.0 - mdp.discount),
       env_steps=jnp.asarray(num_rollouts * horizon),

@@ -8,13 +8,12 @@ most `gamma^H max_s |c_pi(s)| / (1-gamma)`, `c_pi(s) = sum_a pi r - tau KL(pi ||
 (returned as `truncation_bias`).
 
 Budget: the rollouts cost `n * H` environment steps and `n * H` action samples;
-compare with `MismatchEstimate.env_steps + action_samples` at equal totals.
+compare with the mismatch estimate's `env_steps + action_samples` at equal totals.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,30 +27,8 @@ from harnax.estimate import bootstrap
 Array = jax.Array
 
 
-class ReturnEstimate(NamedTuple):
-  """A Monte-Carlo return estimate.
-
-  Attributes:
-    value: `J_hat`, scalar.
-    per_rollout: `[n]` discounted regularized returns.
-    stderr: standard error of `value`.
-    ci_low, ci_high: percentile-bootstrap interval at `confidence`.
-    truncation_bias: `gamma^H max |c_pi| / (1-gamma)`, bound on `|E J_hat - J|`.
-    env_steps, action_samples: the sample budget used.
-  """
-
-  value: Array
-  per_rollout: Array
-  stderr: Array
-  ci_low: Array
-  ci_high: Array
-  truncation_bias: Array
-  env_steps: Array
-  action_samples: Array
-
-
 def rollout_return(key, mdp, policy, pi_ref, tau, *, num_rollouts: int, horizon: int,
-                   confidence: float = 0.9, num_resamples: int = 1000) -> ReturnEstimate:
+                   confidence: float = 0.9, num_resamples: int = 1000) -> bootstrap.SampleEstimate:
   """Monte-Carlo estimate of `J(pi)` from `num_rollouts` rollouts of `horizon` steps.
 
   Args:
@@ -62,7 +39,8 @@ def rollout_return(key, mdp, policy, pi_ref, tau, *, num_rollouts: int, horizon:
     confidence, num_resamples: bootstrap interval options.
 
   Returns:
-    `ReturnEstimate`.
+    `SampleEstimate`; `samples` holds the n discounted regularized returns, and
+    `truncation_bias` is `gamma^H max |c_pi| / (1-gamma)`.
   """
   policy, pi_ref, tau = evaluation.check_policy_inputs(mdp, policy, pi_ref, tau)
   val.check_count("num_rollouts", num_rollouts)
@@ -84,8 +62,8 @@ def _rollout_return(key, mdp, policy, pi_ref, tau, num_rollouts, horizon, confid
   lo, hi = bootstrap.bootstrap_ci(k_boot, returns, confidence=confidence,
                                   num_resamples=num_resamples)
   c = evaluation.regularized_reward(mdp, policy, pi_ref, tau)
-  return ReturnEstimate(
-      value=jnp.mean(returns), per_rollout=returns, stderr=bootstrap.standard_error(returns),
+  return bootstrap.SampleEstimate(
+      value=jnp.mean(returns), samples=returns, stderr=bootstrap.standard_error(returns),
       ci_low=lo, ci_high=hi,
       truncation_bias=mdp.discount ** horizon * jnp.max(jnp.abs(c)) / (1.0 - mdp.discount),
       env_steps=jnp.asarray(num_rollouts * horizon),

@@ -69,14 +69,14 @@ def test_estimate_converges_to_exact_mismatch(problem, estimator):
   scale = TAU / (1 - 0.8)
   ses = []
   for n in (200, 2000, 20000):
-    sub = np.asarray(est.per_state[:n])
+    sub = np.asarray(est.samples[:n])
     se = scale * sub.std(ddof=1) / np.sqrt(n)
     # Miller–Madow leaves an O(1/N^2) bias; 0.01 M covers it at N = 32.
     assert abs(scale * sub.mean() - m) <= 4 * se + 0.01 * m
     ses.append(se)
   # The error bar shrinks like 1/sqrt(n) and ends below 2% of M.
   assert ses[2] < ses[0] / 5 and ses[2] < 0.02 * m
-  assert float(est.value) == pytest.approx(scale * np.mean(np.asarray(est.per_state)))
+  assert float(est.value) == pytest.approx(scale * np.mean(np.asarray(est.samples)))
   assert float(est.ci_low) <= m + 4 * float(est.stderr)
   assert int(est.action_samples) == 20000 * 32
   assert int(est.env_steps) > 0

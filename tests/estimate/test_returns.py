@@ -30,7 +30,7 @@ def test_rollout_return_converges_to_exact_return(problem):
   c_pi = np.sum(np.asarray(pi) * (np.asarray(mdp.rewards) - TAU * (logp - logr)), -1)
   assert float(est.truncation_bias) == pytest.approx(0.8 ** 60 * np.abs(c_pi).max() / 0.2)
   # Prefixes: the error shrinks like 1/sqrt(n).
-  r = np.asarray(est.per_rollout)
+  r = np.asarray(est.samples)
   for n in (500, 5000):
     assert abs(r[:n].mean() - j) <= 4 * r[:n].std(ddof=1) / np.sqrt(n) + float(est.truncation_bias)
 
