@@ -181,7 +181,9 @@ def anderson(apply_t, gamma, state: LoopState, cfg, *, offset=0.0) -> LoopState:
   """Type-II Anderson mixing of the relative map `G(h) = T h - mean(T h)`.
 
   The residual `G(h) - h` equals MacQueen's `Delta`, so every step is certified.
-  Starts a fresh history at `state.h` (its `extra` is replaced).
+  Starts a fresh history at `state.h` (its `extra` is replaced). Safeguard: after
+  `m` steps without a better bound the history is dropped and the plain sweep
+  taken (mixing can stall on nearly periodic chains, e.g. deterministic cycles).
   """
   m = cfg.memory
   s = state.h.shape[0]
@@ -190,9 +192,13 @@ def anderson(apply_t, gamma, state: LoopState, cfg, *, offset=0.0) -> LoopState:
   hist_f = jnp.zeros((m, s), dtype)
 
   def step(h, extra):
-    hist_g, hist_f, count = extra
+    hist_g, hist_f, count, best, since = extra
     cert = certify(apply_t, h, gamma, offset=offset)
     g_h = cert.sweep
+    improved = cert.bound < best
+    best = jnp.minimum(cert.bound, best)
+    since = jnp.where(improved, 0, since + 1)
+    restart = since >= m
     slot = count % m
     hist_g = hist_g.at[slot].set(g_h)
     hist_f = hist_f.at[slot].set(cert.delta)
@@ -201,15 +207,19 @@ def anderson(apply_t, gamma, state: LoopState, cfg, *, offset=0.0) -> LoopState:
     gram = hist_f @ hist_f.T
     both = valid[:, None] & valid[None, :]
     scale = jnp.max(jnp.where(valid, jnp.diagonal(gram), 0.0))
-    # Ridge relative to the largest residual keeps the small system solvable.
-    ridge = 1e-10 * scale + jnp.finfo(dtype).tiny
+    # Ridge relative to the largest residual keeps the small system solvable; in
+    # float32 1e-10 is below the Gram matrix's own rounding, so it scales with eps.
+    ridge = max(1e-10, 100 * float(jnp.finfo(dtype).eps)) * scale + jnp.finfo(dtype).tiny
     gram = jnp.where(both, gram, 0.0) + jnp.diag(jnp.where(valid, ridge, 1.0))
     alpha = jnp.linalg.solve(gram, valid.astype(dtype))
     alpha = alpha / jnp.sum(alpha)
     mixed = alpha @ hist_g
-    ok = jnp.all(jnp.isfinite(mixed)) & (jnp.max(jnp.abs(alpha)) < 1e4)
+    ok = jnp.all(jnp.isfinite(mixed)) & (jnp.max(jnp.abs(alpha)) < 1e4) & ~restart
     h_next = jnp.where(ok, mixed, g_h)
-    return h_next - jnp.mean(h_next), (hist_g, hist_f, count), cert
+    count = jnp.where(restart, 0, count)
+    since = jnp.where(restart, 0, since)
+    return h_next - jnp.mean(h_next), (hist_g, hist_f, count, best, since), cert
 
-  extra = (hist_g, hist_f, jnp.asarray(0, jnp.int32))
+  zero = jnp.asarray(0, jnp.int32)
+  extra = (hist_g, hist_f, zero, jnp.asarray(jnp.inf, dtype), zero)
   return run(step, state._replace(extra=extra), cfg)

@@ -202,7 +202,7 @@ def _default_max_iters(method):
 def _default_patience(method, memory):
   # Value iteration and the Newton race never raise the bound in exact arithmetic,
   # so a short stall is rounding; Anderson may raise it for a few steps.
-  return {"value_iteration": 10, "anderson": 2 * memory + 10, "auto": 2 * memory + 10,
+  return {"value_iteration": 20, "anderson": 4 * memory + 20, "auto": 4 * memory + 20,
           "policy_iteration": 5}[method]
 
 
