@@ -39,48 +39,44 @@ def _f(x, digits=3):
   return "—" if np.isnan(x) else f"{x:+.{digits}f}"
 
 
+def _pct(x):
+  return f"{100 * x:.1f} %"
+
+
 def harness_table(s: miniwob.FamilyStudy) -> str:
   """Per harness: C, the reference policy, the H0 model frozen, each own model."""
-  head = ("| harness | C | J(π_ref) | M(π_ref) | J(H0 model) | M(H0 model) | J(own model) "
-          "| M(own model) | J(own, fields reversed) | top-output flips when reversed |")
-  lines = [head, "|" + "---|" * 10]
-  f = s.frozen
-  for i, h in enumerate(s.harnesses):
-    lines.append(
-        f"| {h} | {_f(s.ceiling[i])} | {_f(s.reference.value[i])} | "
-        f"{_f(s.reference.mismatch[i])} | {_f(f.value[0, i])} | {_f(f.mismatch[0, i])} | "
-        f"{_f(f.value[i, i])} | {_f(f.mismatch[i, i])} | {_f(s.reversed_frozen.value[i])} | "
-        f"{100 * s.decision_flips[i]:.0f} % |")
-  return "\n".join(lines)
+  f, ref = s.frozen, s.reference
+  header = ["harness", "C", "J(π_ref)", "M(π_ref)", "J(H0 model)", "M(H0 model)", "J(own model)",
+            "M(own model)", "J(own, fields reversed)", "top-output flips when reversed"]
+  rows = [[h] + [_f(x) for x in (s.ceiling[i], ref.value[i], ref.mismatch[i], f.value[0, i],
+                                 f.mismatch[0, i], f.value[i, i], f.mismatch[i, i],
+                                 s.reversed_frozen.value[i])]
+          + [f"{100 * s.decision_flips[i]:.0f} %"] for i, h in enumerate(s.harnesses)]
+  return results.markdown_table(header, rows)
 
 
 def success_table(s: miniwob.FamilyStudy) -> str:
   """Per harness: success within the episode cap, and pi*'s plain discounted return."""
-  head = ("| harness | π* return (no KL) | success π* | success π_ref | success H0 model "
-          "| success own model | success own, fields reversed |")
-  lines = [head, "|" + "---|" * 7]
   sc = s.success
-  for i, h in enumerate(s.harnesses):
-    lines.append(
-        f"| {h} | {_f(s.optimal_return[i])} | {100 * sc['optimal'][i]:.1f} % | "
-        f"{100 * sc['reference'][i]:.1f} % | {100 * sc['frozen'][0, i]:.1f} % | "
-        f"{100 * sc['frozen'][i, i]:.1f} % | {100 * sc['reversed'][i]:.1f} % |")
-  return "\n".join(lines)
+  header = ["harness", "π* return (no KL)", "success π*", "success π_ref", "success H0 model",
+            "success own model", "success own, fields reversed"]
+  rows = [[h, _f(s.optimal_return[i])] + [_pct(x) for x in (
+      sc["optimal"][i], sc["reference"][i], sc["frozen"][0, i], sc["frozen"][i, i],
+      sc["reversed"][i])] for i, h in enumerate(s.harnesses)]
+  return results.markdown_table(header, rows)
 
 
 def swap_table(rows) -> str:
   """One row per swap H -> H': the threshold T beside the frozen and adapted outcomes."""
-  head = ("| swap | ΔC | M_H(π) | T | frozen ΔJ | M_H'(frozen) | M_H'(adapted) | realized gain "
-          "| frozen rejects, T > 0 | adapted wins |")
-  lines = [head, "|" + "---|" * 10]
-  for r in rows:
-    lines.append(
-        f"| {r['swap']} | {_f(r['delta_ceiling'])} | {_f(r['source_mismatch'])} | "
-        f"{_f(r['threshold'])} | {_f(r['frozen_change'])} | {_f(r['frozen_mismatch'])} | "
-        f"{_f(r['adapted_mismatch'])} | {_f(r['realized_gain'])} | "
-        f"{'yes' if r['frozen_change'] < 0 < r['threshold'] else 'no'} | "
-        f"{'yes' if r['realized_gain'] > 0 else 'no'} |")
-  return "\n".join(lines)
+  header = ["swap", "ΔC", "M_H(π)", "T", "frozen ΔJ", "M_H'(frozen)", "M_H'(adapted)",
+            "realized gain", "frozen rejects, T > 0", "adapted wins"]
+  keys = ("delta_ceiling", "source_mismatch", "threshold", "frozen_change", "frozen_mismatch",
+          "adapted_mismatch", "realized_gain")
+  yes = lambda b: "yes" if b else "no"  # noqa: E731
+  cells = [[r["swap"]] + [_f(r[k]) for k in keys]
+           + [yes(r["frozen_change"] < 0 < r["threshold"]), yes(r["realized_gain"] > 0)]
+           for r in rows]
+  return results.markdown_table(header, cells)
 
 
 def summary(result) -> dict:

@@ -28,6 +28,14 @@ def to_json(x: Any) -> Any:
   return x
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+  """A markdown table from a header and rows of already formatted cells."""
+  if any(len(r) != len(header) for r in rows):
+    raise ValueError(f"rows: expected {len(header)} cells per row (the header's count)")
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
 def write_results(output_dir: str, *, report: dict[str, str], metrics: dict | None = None,
                   config=None) -> list[str]:
   """Writes `report` ({file name: text}), `metrics.json` and `config.json` to `output_dir`.
