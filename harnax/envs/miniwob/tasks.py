@@ -153,6 +153,12 @@ def _random_label(rng: np.random.Generator, taken) -> str:
 # click-checkboxes
 # ---------------------------------------------------------------------------
 
+def _form(kind: str, labels) -> tuple[Element, ...]:
+  """A form's elements: one `kind` input per label (ids `ch0`, `ch1`, ...), then Submit."""
+  inputs = tuple(Element(kind, x, f"ch{i}") for i, x in enumerate(labels))
+  return inputs + (Element("button", "Submit", "subbtn"),)
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckboxesTask(Task):
   """`click-checkboxes`: check exactly the named boxes, then Submit.
@@ -186,8 +192,7 @@ class CheckboxesTask(Task):
 
   @functools.cached_property
   def elements(self) -> tuple[Element, ...]:
-    boxes = tuple(Element("checkbox", x, f"ch{i}") for i, x in enumerate(self.labels))
-    return boxes + (Element("button", "Submit", "subbtn"),)
+    return _form("checkbox", self.labels)
 
   @property
   def num_page_states(self) -> int:
@@ -278,8 +283,7 @@ class OptionTask(Task):
 
   @functools.cached_property
   def elements(self) -> tuple[Element, ...]:
-    radios = tuple(Element("radio", x, f"ch{i}") for i, x in enumerate(self.labels))
-    return radios + (Element("button", "Submit", "subbtn"),)
+    return _form("radio", self.labels)
 
   @property
   def num_page_states(self) -> int:
