@@ -1,8 +1,8 @@
 """Exact tabular core: MDPs, soft-Bellman solvers, evaluation, ceiling/mismatch, gradients.
 
 Also the pieces the upper layers share: sampling of an MDP (`reset`, `step`,
-`rollout`), input checks (`validation`) and the validated pytree containers
-(`pytree`).
+`rollout`) and input checks (`validation`). The validated pytree containers
+(`harnax.pytree`) sit below every layer, models included.
 """
 
 from harnax.core.bellman import action_scores

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harnax.core import pytree
+from harnax import pytree
 from harnax.core import validation as val
 
 Array = jax.Array

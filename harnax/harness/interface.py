@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from harnax import pytree
 from harnax.core import mdp as mdp_lib
-from harnax.core import pytree
 from harnax.core import validation as val
 
 Array = jax.Array

@@ -14,10 +14,10 @@ import functools
 from typing import Sequence
 
 from flax import nnx
-from flax import struct
 import jax
 import jax.numpy as jnp
 
+from harnax import pytree
 from harnax.models.logprobs import token_logprobs
 from harnax.models.model import Cache
 from harnax.models.model import CausalLM
@@ -25,7 +25,7 @@ from harnax.models.model import CausalLM
 Array = jax.Array
 
 
-@struct.dataclass
+@pytree.container
 class Generation:
   """Output of :func:`generate`.
 

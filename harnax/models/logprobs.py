@@ -7,9 +7,10 @@ and by :func:`sequence_logprobs` for teacher forcing, so sampled and re-scored l
 
 from __future__ import annotations
 
-from flax import struct
 import jax
 import jax.numpy as jnp
+
+from harnax import pytree
 
 Array = jax.Array
 
@@ -49,7 +50,7 @@ def has_context(attention_mask: Array) -> Array:
   return mask & jnp.concatenate([jnp.zeros_like(mask[:, :1]), mask[:, :-1]], axis=1)
 
 
-@struct.dataclass
+@pytree.container
 class SpanScore:
   """Log-prob of a span per sequence: ``total`` and ``mean`` [B], ``per_token`` [B, T]."""
 

@@ -15,10 +15,10 @@ import math
 from typing import Any
 
 from flax import nnx
-from flax import struct
 import jax
 import jax.numpy as jnp
 
+from harnax import pytree
 from harnax.models.config import DecoderConfig
 from harnax.models.layers import Attention
 from harnax.models.layers import Embed
@@ -31,7 +31,7 @@ from harnax.parallel import constrain
 Array = jax.Array
 
 
-@struct.dataclass
+@pytree.container
 class AttentionCache:
   """Keys and values of one attention layer: ``k``, ``v`` stored as ``[B*K, L, D]``, or
   ``[L, D]`` when ``B*K == 1``; :meth:`heads` gives the logical ``[B, K, L, D]`` view.
@@ -71,7 +71,7 @@ class AttentionCache:
     return self.k.reshape(shape), self.v.reshape(shape)
 
 
-@struct.dataclass
+@pytree.container
 class Cache:
   """Preallocated decoding state (static shapes).
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import harnax as hx
-from harnax.core import pytree
+from harnax import pytree
 
 
 @pytest.fixture(scope="module")

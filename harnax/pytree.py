@@ -1,4 +1,7 @@
-"""Validated pytree containers: check on construction, never on rebuild.
+"""The one pytree container mechanism of harnax: check on construction, never on rebuild.
+
+Every container in the library (MDPs, harnesses, KV caches, generation and scoring
+results) is a `container`. It sits below every layer: core, harness and models use it.
 
 A container such as `TabularMDP` must reject bad input when a user builds it,
 yet JAX rebuilds it from leaves all the time: `jit` with tracers, `vmap` with
