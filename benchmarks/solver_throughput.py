@@ -314,6 +314,7 @@ def mesh_child(cfg):
   workload with the batch axis split over a mesh (`harnax.parallel.shard_batch`; each device
   runs its slice's loop). Prints one JSON line of plain numbers."""
   import json
+
   from harnax.parallel import batch_mesh
   from harnax.parallel import shard_batch
   b, s, a, n = cfg["batch"], cfg["states"], cfg["actions"], cfg["repeats"]

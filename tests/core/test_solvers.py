@@ -379,7 +379,8 @@ def test_rejects_bad_temperature(small, tau):
 def test_rejects_state_without_available_action(small):
   pi_ref = small["pi_ref"].copy()
   pi_ref[2] = 0
-  with pytest.raises(ValueError, match="pi_ref: every state needs at least one available action; state 2"):
+  with pytest.raises(ValueError,
+                     match="pi_ref: every state needs at least one available action; state 2"):
     hx.solve_soft_bellman(_dense(small), pi_ref, 1.0)
 
 
