@@ -38,8 +38,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 
 Array = jax.Array
 
@@ -62,7 +62,7 @@ class Certificate(NamedTuple):
   floor: Array
 
 
-def shift_rewards(apply_t, h0, gamma):
+def shift_rewards(apply_t, h0, gamma, *, t_h0=None):
   """`T' = T - rho` with `rho = mean(T h0)`: the operator of rewards `r - rho`.
 
   `T'` is monotone and constant-shifting like `T`, its fixed point is
@@ -70,10 +70,17 @@ def shift_rewards(apply_t, h0, gamma):
   keeps `|T' h|` and `kappa` at the scale of the value differences instead of
   the mean reward, which lowers the rounding floor of every bound in float32.
 
+  Args:
+    apply_t: the operator, `[S] -> [S]`.
+    h0: starting point, `[S]`.
+    gamma: discount, scalar.
+    t_h0: `T h0` when the caller has it without a sweep (e.g. `h0 = 0`, where
+      `T 0` needs no transition product); else one sweep computes it.
+
   Returns:
     `(T', offset)`; add `offset = rho/(1-gamma)` to the fixed point of `T'`.
   """
-  rho = jnp.mean(apply_t(h0))
+  rho = jnp.mean(apply_t(h0) if t_h0 is None else t_h0)
   return (lambda h: apply_t(h) - rho), rho / (1.0 - gamma)
 
 

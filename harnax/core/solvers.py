@@ -35,9 +35,9 @@ import math
 from typing import NamedTuple
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from harnax.core import bellman
 from harnax.core import fixed_point
@@ -137,7 +137,13 @@ def _fixed_point_loop(mdp, pi_ref, tau, cfg: _Config):
   """Runs `cfg.method`; returns `(v, iterations, bound, floor, tol)`."""
   gamma = mdp.discount
   h0 = jnp.zeros(mdp.num_states, mdp.rewards.dtype)
-  apply_t, offset = fixed_point.shift_rewards(_operator(mdp, pi_ref, tau, cfg.hard), h0, gamma)
+  # T 0 is the operator applied to the rewards alone (P 0 = 0): no sweep needed.
+  if cfg.hard:
+    t_h0 = jnp.max(jnp.where(bellman.available(pi_ref), mdp.rewards, -jnp.inf), axis=-1)
+  else:
+    t_h0 = bellman.soft_value(mdp.rewards, pi_ref, tau)
+  apply_t, offset = fixed_point.shift_rewards(_operator(mdp, pi_ref, tau, cfg.hard), h0, gamma,
+                                              t_h0=t_h0)
   start = fixed_point.init_state(h0)
   if cfg.method == "value_iteration":
     out = fixed_point.value_iteration(apply_t, gamma, start, cfg, offset=offset)
