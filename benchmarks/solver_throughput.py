@@ -142,15 +142,13 @@ def np_macqueen_vi(p2, r, gamma, tau, log_ref, tol, max_iters=100_000):
 
 
 def np_soft_reference(p, r, gamma, tau, log_ref, steps=400):
-  """Float64 soft policy iteration (exact evaluations) to convergence: `V*` `[B, S]`.
+  """Float64 soft policy iteration (exact evaluations), then Newton in correction form: `V*`.
 
-  Stops two Newton steps after the change falls below 1e-12 |V|: locally quadratic, so the
-  result is at float64's rounding level, below the solvers' float64 floors.
+  Returns `[B, S]`, at float64's rounding level (below the solvers' float64 floors).
   """
   b, s, a, _ = p.shape
   eye = np.eye(s)
   v = np.zeros((b, s))
-  extra = None
   for _ in range(steps):
     q = r + gamma * np.einsum("bsat,bt->bsa", p, v)
     z = q / tau + log_ref
@@ -162,12 +160,19 @@ def np_soft_reference(p, r, gamma, tau, log_ref, steps=400):
     v_new = np.linalg.solve(eye - gamma * p_pi, cost[..., None])[..., 0]
     change = np.abs(v_new - v).max()
     v = v_new
-    if extra is None and change < 1e-12 * max(1.0, np.abs(v).max()):
-      extra = 2
-    elif extra is not None:
-      extra -= 1
-      if extra == 0:
-        break
+    if change < 1e-9 * max(1.0, np.abs(v).max()):
+      break
+  # A direct solve for V carries cond * eps * |V| ~ 1e-11 of rounding; finish with Newton steps
+  # in correction form, v += (I - gamma P_pi)^-1 (T v - v), whose rounding is relative to the
+  # residual.
+  for _ in range(3):
+    q = r + gamma * np.einsum("bsat,bt->bsa", p, v)
+    z = q / tau + log_ref
+    pi = np.exp(z - z.max(-1, keepdims=True))
+    pi /= pi.sum(-1, keepdims=True)
+    p_pi = np.einsum("bsa,bsat->bst", pi, p)
+    residual = np_soft_value(q, tau, log_ref) - v
+    v = v + np.linalg.solve(eye - gamma * p_pi, residual[..., None])[..., 0]
   return v
 
 
@@ -202,7 +207,17 @@ def summarize(sol, v_star, run, compile_s):
               floor=float(np.max(sol.rounding_floor)), tol=float(np.max(sol.tol)),
               err=None if v_star is None else float(np.max(np.abs(v - v_star))),
               within=None if v_star is None else bool(np.all(
-                  np.max(np.abs(v - v_star), axis=-1) <= np.asarray(sol.error_bound))))
+                  np.max(np.abs(v - v_star), axis=-1)
+                  <= np.asarray(sol.error_bound) + reference_slack(v_star))))
+
+
+def reference_slack(v_star):
+  """The float64 reference's own rounding, per MDP: `64 eps64 max|V*|` (~1e-12 at |V*| ~ 70).
+
+  Float64 certificates at the default tolerance (~1e-13) are below what a float64 reference
+  can confirm; errors are checked against `bound + slack`.
+  """
+  return 64 * np.finfo(np.float64).eps * np.max(np.abs(v_star), axis=-1)
 
 
 def time_dense(name, p, r, gamma, v_star, method, tol, dtype, repeats):
@@ -410,7 +425,7 @@ def method_rows(results, numpy_run=None):
 
 METHOD_HEADER = ["method", "wall (batch, median)", "compile", "iterations mean / max",
                  "converged", "tol (max)", "bound (max)", "rounding floor (max)",
-                 "error vs f64 ref (max)", "error within bound"]
+                 "error vs f64 ref (max)", "error within bound (+ ref. rounding)"]
 
 
 def mesh_lines(mesh, np_default, np_reach, np_tight):
