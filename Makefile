@@ -53,7 +53,6 @@ study: $(VENV)/.test-installed
 	$(PY) scripts/miniwob_study.py --config=configs/miniwob_study.py
 
 bench: $(VENV)/.test-installed
-	$(PIP) install --quiet -e ".[bench]"
 	$(PY) benchmarks/solver_throughput.py
 	$(PY) benchmarks/lm_throughput.py
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import lax
+import jax.numpy as jnp
 from jax.scipy.sparse import linalg as sparse_linalg
 
 from harnax.core import fixed_point
