@@ -126,9 +126,10 @@ def _device_bandwidth_gbs(nbytes: int = 1024**3, repeats: int = 5) -> float:
 def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches, repeats,
                    dtype: str = "float32", torch_device: str = "cpu"):
   del torch_device
+  from flax import nnx
   import jax
   import jax.numpy as jnp
-  from flax import nnx
+
   from harnax import models
   from harnax.models import decoding as gen
 

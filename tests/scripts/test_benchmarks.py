@@ -34,8 +34,8 @@ def test_lm_throughput_quick_moe_run_writes_consistent_tables(tmp_path):
     lo, hi = (ours - 0.05) / (ref + 0.05), (ours + 0.05) / (ref - 0.05)
     assert lo - 0.005 <= ratio <= hi + 0.005
   # Memory breakdown: runtime < loaded <= peak for both frameworks.
-  mem = re.findall(r"^\| qwen3_moe \| (harnax|transformers) \| (\d+) \| (\d+) \| (\d+) \| (-?\d+) \|$",
-                   text, re.M)
+  row = r"^\| qwen3_moe \| (harnax|transformers) \| (\d+) \| (\d+) \| (\d+) \| (-?\d+) \|$"
+  mem = re.findall(row, text, re.M)
   assert [m[0] for m in mem] == ["harnax", "transformers"]
   for _, runtime, loaded, peak, extra in mem:
     assert int(runtime) < int(loaded) <= int(peak)
