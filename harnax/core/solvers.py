@@ -21,6 +21,10 @@ sup-norm. The loop stops on the tolerance, as soon as the bound reaches its
 rounding floor when the tolerance is below it, on a stall, or at `max_iters`;
 nothing leaves the device per sweep.
 
+Batching: under `jax.vmap` on the CPU, a batch whose transitions exceed the cache
+is solved in cache-sized chunks one after the other (same iterations and values
+per member; `docs/theory.md` section 4.8).
+
 Differentiation: the returned `V*` is wrapped in a `custom_jvp` that applies the
 implicit function theorem at the fixed point,
 `dV* = (I - gamma P_{pi*})^{-1} (dT)(V*)`, so gradients w.r.t. rewards,
@@ -161,16 +165,84 @@ def _fixed_point_loop(mdp, pi_ref, tau, cfg: _Config):
   return out.v + offset, out.k, out.bound, out.floor, tol
 
 
+# Under `jax.vmap`, every sweep of the batched loop reads every member's transitions. On
+# the CPU a batch too large for the cache is therefore solved in chunks that fit in it
+# (`lax.map` over chunks, `vmap` within one): each chunk's sweeps then read from cache, not
+# memory (docs/theory.md §4.8 has the measurements). Bytes of transition data per chunk, by
+# backend; a backend not listed solves the whole batch in one loop.
+_CHUNK_BYTES = {"cpu": 4 * 2**20}
+
+
+def _num_chunks(batched_leaves, batch: int) -> int:
+  """How many sequential chunks the batch is split into: a divisor of `batch`, so that each
+  device of a sharded batch axis keeps its own members (see `_chunked`)."""
+  budget = _CHUNK_BYTES.get(jax.default_backend())
+  if budget is None or batch <= 1:
+    return 1
+  per_item = sum(x.size * x.dtype.itemsize for x in batched_leaves) // batch
+  fewest = -(-batch // max(1, budget // max(per_item, 1)))
+  return next(n for n in range(fewest, batch + 1) if batch % n == 0)
+
+
+def _chunked(fn, args, in_batched, batch: int):
+  """`jax.vmap(fn)` over the leaves of `args` that `in_batched` marks (leading axis `batch`),
+  in cache-sized chunks; unbatched leaves (a shared P) stay unbatched.
+
+  Member `b` goes to chunk `b % n`: the batch is read as `[c, n]` with `c` major, so a
+  batch axis sharded in contiguous blocks stays sharded along `c` and the sequential
+  axis `n` is local to every device.
+  """
+  leaves, treedef = jax.tree.flatten(args)
+  flags = jax.tree.leaves(in_batched)
+  batched = [x for x, f in zip(leaves, flags) if f]
+
+  def one(*items):
+    it = iter(items)
+    return fn(jax.tree.unflatten(treedef, [next(it) if f else x for x, f in zip(leaves, flags)]))
+
+  n = _num_chunks(batched, batch)
+  if n == 1:
+    return jax.vmap(one)(*batched)
+  c = batch // n
+  # A reshape, not a transpose: the inputs are never copied whole; each step gathers its
+  # chunk (c contiguous items) into a buffer its sweeps then read from cache.
+  grid = [x.reshape((c, n) + x.shape[1:]) for x in batched]
+
+  def step(_, j):
+    chunk = [lax.dynamic_index_in_dim(x, j, axis=1, keepdims=False) for x in grid]
+    return None, jax.vmap(one)(*chunk)
+
+  _, out = lax.scan(step, None, jnp.arange(n))
+  return jax.tree.map(lambda y: jnp.swapaxes(y, 0, 1).reshape((batch,) + y.shape[2:]), out)
+
+
+@functools.lru_cache(maxsize=None)
+def _batched_loop(cfg: _Config):
+  """`_fixed_point_loop` for `cfg`, solved in cache-sized chunks under `jax.vmap`."""
+
+  @jax.custom_batching.custom_vmap
+  def loop(mdp, pi_ref, tau):
+    return _fixed_point_loop(mdp, pi_ref, tau, cfg)
+
+  @loop.def_vmap
+  def _(axis_size, in_batched, mdp, pi_ref, tau):
+    out = _chunked(lambda a: _fixed_point_loop(*a, cfg), (mdp, pi_ref, tau), tuple(in_batched),
+                   axis_size)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return loop
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
 def _soft_fixed_point(mdp, pi_ref, tau, cfg):
-  v, *aux = _fixed_point_loop(mdp, pi_ref, tau, cfg)
+  v, *aux = _batched_loop(cfg)(mdp, pi_ref, tau)
   return v, tuple(aux)
 
 
 @_soft_fixed_point.defjvp
 def _soft_fixed_point_jvp(cfg, primals, tangents):
   mdp, pi_ref, tau = primals
-  v, *aux = _fixed_point_loop(mdp, pi_ref, tau, cfg)
+  v, *aux = _batched_loop(cfg)(mdp, pi_ref, tau)
   aux = tuple(aux)
   # dV* = (I - gamma P_{pi*})^{-1} (dT)(V*)  (implicit function theorem).
   _, d_t = jax.jvp(lambda m, p, t: bellman.soft_bellman_operator(m, v, p, t), primals, tangents)
@@ -348,7 +420,7 @@ def solve_hard_bellman(mdp: mdp_lib.AnyMDP, pi_ref, *, method: str = "value_iter
 
 @functools.partial(jax.jit, static_argnums=(2,))
 def _solve_hard(mdp, pi_ref, cfg):
-  v, k, bound, floor, tol = _fixed_point_loop(mdp, pi_ref, None, cfg)
+  v, k, bound, floor, tol = _batched_loop(cfg)(mdp, pi_ref, None)
   v = lax.stop_gradient(v)
   q = bellman.q_values(mdp, v)
   qm = jnp.where(bellman.available(pi_ref), q, -jnp.inf)
