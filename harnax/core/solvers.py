@@ -59,8 +59,14 @@ METHODS = ("auto", "value_iteration", "anderson", "policy_iteration")
 _AUTO_SLOW_SWEEPS = {"cpu": 10}
 
 
-class SoftBellmanSolution(NamedTuple):
-  """The regularized optimum of one MDP.
+# The certificate every solution carries (docstrings below): declared once.
+_CERTIFICATE_FIELDS = [("iterations", Array), ("error_bound", Array), ("converged", Array),
+                       ("rounding_floor", Array), ("tol", Array)]
+
+SoftBellmanSolution = NamedTuple(
+    "SoftBellmanSolution",
+    [("v", Array), ("q", Array), ("scores", Array), ("policy", Array)] + _CERTIFICATE_FIELDS)
+SoftBellmanSolution.__doc__ = """The regularized optimum of one MDP.
 
   Attributes:
     v: `V*`, `[S]`.
@@ -78,16 +84,6 @@ class SoftBellmanSolution(NamedTuple):
     tol: the tolerance the solve aimed at, scalar: the `tol` argument, or the
       default `2 * rounding_floor`.
   """
-
-  v: Array
-  q: Array
-  scores: Array
-  policy: Array
-  iterations: Array
-  error_bound: Array
-  converged: Array
-  rounding_floor: Array
-  tol: Array
 
 
 class _Config(NamedTuple):
@@ -359,8 +355,9 @@ def _make_config(method, tol, max_iters, memory, patience, hard):
                  hard=hard)
 
 
-class HardBellmanSolution(NamedTuple):
-  """The unregularized optimum (`tau -> 0`) over the actions `pi_ref` allows.
+HardBellmanSolution = NamedTuple(
+    "HardBellmanSolution", [("v", Array), ("q", Array), ("policy", Array)] + _CERTIFICATE_FIELDS)
+HardBellmanSolution.__doc__ = """The unregularized optimum (`tau -> 0`) over the available actions.
 
   Attributes:
     v: `V*_hard(s) = max_a Q*(s, a)` over available actions, `[S]`.
@@ -375,15 +372,6 @@ class HardBellmanSolution(NamedTuple):
       `SoftBellmanSolution`).
     tol: the tolerance the solve aimed at, scalar.
   """
-
-  v: Array
-  q: Array
-  policy: Array
-  iterations: Array
-  error_bound: Array
-  converged: Array
-  rounding_floor: Array
-  tol: Array
 
 
 def solve_hard_bellman(mdp: mdp_lib.AnyMDP, pi_ref, *, method: str = "value_iteration",
