@@ -173,7 +173,9 @@ def _num_chunks(batched_leaves, batch: int) -> int:
   """How many sequential chunks the batch is split into: a divisor of `batch`, so that each
   device of a sharded batch axis keeps its own members (see `_chunked`)."""
   budget = _CHUNK_BYTES.get(jax.default_backend())
-  if budget is None or batch <= 1:
+  # With several devices the batch is the mesh's to split: XLA's partitioner handles a
+  # plain vmapped loop better than the chunk loop (measured: 2 host devices, 2x slower).
+  if budget is None or batch <= 1 or jax.device_count() > 1:
     return 1
   per_item = sum(x.size * x.dtype.itemsize for x in batched_leaves) // batch
   fewest = -(-batch // max(1, budget // max(per_item, 1)))
