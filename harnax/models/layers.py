@@ -9,7 +9,8 @@ forward pass, never folded in). The routed mixture of experts lives in
 :mod:`harnax.models.moe`.
 
 Every ``nnx.Param`` carries ``axes``: its logical axis names, read by ``harnax.parallel``.
-Norms, softmaxes and RoPE angles are computed in float32 whatever the parameter dtype.
+Norms, softmaxes and RoPE angles are computed in float32 whatever the parameter dtype (float64
+for float64 parameters: `accum_dtype`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from harnax.parallel import constrain
 
 Array = jax.Array
 _INIT_STD = 0.02
+
+
+def accum_dtype(dtype) -> jnp.dtype:
+  """float32 for float32 and narrower (bfloat16) parameters, float64 for float64 ones: the
+  precision of norms, softmaxes, RoPE angles and logits, so a float64 model (gradient
+  checks) is float64 throughout."""
+  return jnp.promote_types(dtype, jnp.float32)
 
 
 def normal_init(rngs: nnx.Rngs, shape: tuple[int, ...], dtype) -> Array:
@@ -47,9 +55,10 @@ def rms_norm(x: Array, weight: Array, *, eps: float, style: str) -> Array:
     style: ``"scale"`` multiplies by ``w`` (Qwen/Llama); ``"one_plus_scale"`` by ``1 + w``
       (Gemma, whose weights are stored zero-centred).
   """
-  x32 = x.astype(jnp.float32)
+  acc = accum_dtype(x.dtype)
+  x32 = x.astype(acc)
   normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-  w = weight.astype(jnp.float32)
+  w = weight.astype(acc)
   scale = 1.0 + w if style == "one_plus_scale" else w
   return (normed * scale).astype(x.dtype)
 
@@ -99,7 +108,8 @@ class Embed(nnx.Module):
 
   def attend(self, x: Array) -> Array:
     """Tied output projection: ``x @ embedding.T`` with float32 accumulation -> [..., vocab]."""
-    return jnp.einsum("...d,vd->...v", x, self.embedding[...], preferred_element_type=jnp.float32)
+    emb = self.embedding[...]
+    return jnp.einsum("...d,vd->...v", x, emb, preferred_element_type=accum_dtype(emb.dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,10 +178,11 @@ def _yarn(rope: RopeConfig, dim: int) -> tuple[np.ndarray, float]:
   return inv_freq, attention_factor
 
 
-def rope_cos_sin(positions: Array, inv_freq: np.ndarray, *,
-                 scaling: float) -> tuple[Array, Array]:
-  """cos and sin tables ``[B, T, head_dim]`` (float32) for integer ``positions [B, T]``."""
-  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+def rope_cos_sin(positions: Array, inv_freq: np.ndarray, *, scaling: float,
+                 dtype=jnp.float32) -> tuple[Array, Array]:
+  """cos and sin tables ``[B, T, head_dim]`` (``dtype``, float32 by default) for integer
+  ``positions [B, T]``."""
+  angles = positions.astype(dtype)[..., None] * jnp.asarray(inv_freq, dtype)[None, None, :]
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.cos(angles) * scaling, jnp.sin(angles) * scaling
 
@@ -233,12 +244,13 @@ def attend(q: Array, k: Array, v: Array, mask: Array, *, scale: float,
   # buffer, with no reshape between the cache update and the matmul.
   qn = q.reshape(b, t, kv_heads, g, d).transpose(0, 2, 3, 1, 4).reshape(n, g * t, d)
   kn, vn = k.reshape(n, s, d), v.reshape(n, s, d)
-  logits = jnp.einsum("nqd,nsd->nqs", qn, kn, preferred_element_type=jnp.float32) * scale
+  acc = accum_dtype(q.dtype)
+  logits = jnp.einsum("nqd,nsd->nqs", qn, kn, preferred_element_type=acc) * scale
   if softcap is not None:
     logits = softcap * jnp.tanh(logits / softcap)
   mask = jnp.broadcast_to(mask[:, None, None], (b, kv_heads, g, t, s)).reshape(n, g * t, s)
   # A finite floor rather than -inf keeps fully masked rows (padding queries) NaN-free.
-  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  logits = jnp.where(mask, logits, jnp.finfo(acc).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   out = jnp.einsum("nqs,nsd->nqd", probs, vn)
   return out.reshape(b, kv_heads, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
@@ -280,8 +292,9 @@ class Attention(nnx.Module):
     v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
-    cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, np.float32),
-                            scaling=self.rope_scaling)
+    acc = accum_dtype(x.dtype)
+    cos, sin = rope_cos_sin(positions, np.asarray(self.inv_freq, acc), scaling=self.rope_scaling,
+                            dtype=acc)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     q = constrain(q, ("batch", "seq", "act_heads", None))
     return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)

@@ -27,7 +27,9 @@ def token_logprobs(logits: Array, tokens: Array, *, temperature: float = 1.0) ->
   """
   if not temperature > 0:
     raise ValueError(f"temperature: expected > 0, got {temperature}")
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
+  # float64 logits (a float64 model) stay float64; narrower ones are upcast to float32.
+  logp = jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+                            / temperature, axis=-1)
   return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 

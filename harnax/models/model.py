@@ -25,6 +25,7 @@ from harnax.models.layers import Embed
 from harnax.models.layers import GatedMLP
 from harnax.models.layers import Linear
 from harnax.models.layers import RMSNorm
+from harnax.models.layers import accum_dtype
 from harnax.models.moe import MoE
 from harnax.parallel import constrain
 
@@ -262,16 +263,17 @@ class CausalLM(nnx.Module):
 
   def logits(self, hidden: Array) -> Array:
     """Output projection of hidden states [B, T, hidden] -> float32 logits [B, T, V] (final
-    soft-cap applied)."""
+    soft-cap applied; float64 for a float64 model)."""
+    acc = accum_dtype(self.dtype)
     if self.lm_head is None:
       logits = self.embed_tokens.attend(hidden)
     else:
       logits = jnp.einsum("...d,vd->...v", hidden, self.lm_head.kernel[...],
-                          preferred_element_type=jnp.float32)
+                          preferred_element_type=acc)
     cap = self.config.final_logit_softcapping
     if cap is not None:
       logits = cap * jnp.tanh(logits / cap)
-    return constrain(logits.astype(jnp.float32), ("batch", "seq", "act_vocab"))
+    return constrain(logits.astype(acc), ("batch", "seq", "act_vocab"))
 
   def __call__(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
     """Logits [B, T, V] float32.
