@@ -390,8 +390,8 @@ def pullback(score_fn: Callable, params, tokens: CandidateTokens, cotangent: Arr
 
   def body(acc, xs):
     chunk, gc = xs
-    _, vjp = jax.vjp(lambda p: score_fn(p, chunk), params)
-    (grad,) = vjp(gc.astype(jnp.float32))
+    out, vjp = jax.vjp(lambda p: score_fn(p, chunk), params)
+    (grad,) = vjp(gc.astype(out.dtype))
     return jax.tree.map(jnp.add, acc, grad), None
 
   zeros = jax.tree.map(jnp.zeros_like, params)
