@@ -8,10 +8,26 @@ from harnax.train.exact_pg import FitResult
 from harnax.train.exact_pg import adam
 from harnax.train.exact_pg import fit
 from harnax.train.exact_pg import fit_log_linear
+from harnax.train.loop import TrainResult
+from harnax.train.loop import check_config
+from harnax.train.loop import default_config
+from harnax.train.loop import make_optimizer
+from harnax.train.loop import make_schedule
+from harnax.train.loop import train
+from harnax.train.lora import init_lora
+from harnax.train.lora import merge_lora
 
 __all__ = [
     "FitResult",
     "adam",
     "fit",
     "fit_log_linear",
+    "TrainResult",
+    "check_config",
+    "default_config",
+    "init_lora",
+    "make_optimizer",
+    "make_schedule",
+    "merge_lora",
+    "train",
 ]
