@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from harnax import train as train_lib
 from harnax.core import evaluation
 from harnax.core import mdp as mdp_lib
 from harnax.core import objectives
@@ -35,9 +34,10 @@ from harnax.envs.miniwob import features as features_lib
 from harnax.envs.miniwob import harnesses as harnesses_lib
 from harnax.envs.miniwob.tasks import SUCCESS_REWARD
 from harnax.harness import interface
-from harnax.policies import log_linear
+from harnax.studies import families
 
 Log = Callable[[str], None]
+PI_REFS = ("uniform", "base")
 
 Array = jax.Array
 
@@ -49,15 +49,16 @@ class PaddedBatch(NamedTuple):
     mdp: `TabularMDP` with leaves `[N, S, A, S]`, `[N, S, A]`, `[N]`, `[N, S]`.
     pi_ref: `[N, S, A]`.
     decode_table: int32 `[N, S, O]`.
-    features: `[N, S, O, D]`.
     output_mask: bool `[N, O]`.
+    inputs: the policy family's inputs (`harnax.studies.families`): text features
+      `[N, S, O, D]` for the log-linear model, `CandidateTokens` `[N, S]` for an LM.
   """
 
   mdp: mdp_lib.TabularMDP
   pi_ref: Array
   decode_table: Array
-  features: Array
   output_mask: Array
+  inputs: Any
 
 
 def batch_shape(compiled: Sequence[harnesses_lib.CompiledHarness]) -> tuple[int, int, int]:
@@ -68,11 +69,12 @@ def batch_shape(compiled: Sequence[harnesses_lib.CompiledHarness]) -> tuple[int,
 
 
 def pad_batch(compiled: Sequence[harnesses_lib.CompiledHarness], shape=None,
-              dtype=None) -> PaddedBatch:
-  """Stacks compiled harnesses, padded to `shape = (S, A, O)` (default: the largest)."""
+              dtype=None, *, policy: families.PolicyFamily | None = None) -> PaddedBatch:
+  """Stacks compiled harnesses, padded to `shape = (S, A, O)` (default: the largest), with
+  the inputs of `policy` (default: the log-linear family's text features)."""
   s_max, a_max, o_max = shape if shape is not None else batch_shape(compiled)
   dtype = jax.dtypes.canonicalize_dtype(dtype if dtype is not None else jnp.float64)
-  mdps, refs, tables, feats, masks = [], [], [], [], []
+  mdps, refs, tables, masks = [], [], [], []
   for c in compiled:
     h = c.harness
     s, a, o = h.num_states, h.num_actions, h.num_outputs
@@ -92,30 +94,25 @@ def pad_batch(compiled: Sequence[harnesses_lib.CompiledHarness], shape=None,
     ref[s:, harnesses_lib.WAIT] = 1.0
     table = np.full((s_max, o_max), interface.INVALID, np.int32)
     table[:s, :o] = np.asarray(h.decode_table)
-    phi = np.zeros((s_max, o_max, features_lib.NUM_FEATURES))
-    phi[:s, :o] = features_lib.harness_features(c)
     mask = np.arange(o_max) < o
     mdps.append(mdp_lib.TabularMDP(transitions=p.astype(dtype), rewards=r.astype(dtype),
                                    discount=np.asarray(h.mdp.discount, dtype),
                                    initial=mu0.astype(dtype)))
     refs.append(ref.astype(dtype))
     tables.append(table)
-    feats.append(phi.astype(dtype))
     masks.append(mask)
+  policy = policy if policy is not None else families.LogLinearFamily()
+  inputs = policy.inputs(compiled, (s_max, a_max, o_max))
+  if not isinstance(policy, families.LMFamily):
+    inputs = jax.tree.map(lambda x: x.astype(dtype), inputs)
   return PaddedBatch(mdp=mdp_lib.stack(mdps), pi_ref=jnp.asarray(np.stack(refs)),
                      decode_table=jnp.asarray(np.stack(tables)),
-                     features=jnp.asarray(np.stack(feats)),
-                     output_mask=jnp.asarray(np.stack(masks)))
+                     output_mask=jnp.asarray(np.stack(masks)), inputs=inputs)
 
 
 def semantic_policy(theta: Array, batch: PaddedBatch) -> Array:
-  """`Pi_H(a | s)` of the model on every instance, `[N, S, A]` (invalid -> wait)."""
-  def one(features, mask, table):
-    return log_linear.semantic_policy(theta, features, table, num_actions=num_actions,
-                                      invalid="noop", noop_action=harnesses_lib.WAIT,
-                                      output_mask=mask)
-  num_actions = batch.pi_ref.shape[-1]
-  return jax.vmap(one)(batch.features, batch.output_mask, batch.decode_table)
+  """`Pi_H(a | s)` of the log-linear model on every instance, `[N, S, A]` (invalid -> wait)."""
+  return families.LogLinearFamily().semantic_policy(theta, batch)
 
 
 class Scores(NamedTuple):
@@ -171,20 +168,6 @@ def success_rate(policy: Array, batch: PaddedBatch, horizon: int = 20) -> Array:
   return _success(policy, batch.mdp, int(horizon))
 
 
-def mean_return(theta: Array, data: tuple[PaddedBatch, Array]) -> Array:
-  """The training objective: mean exact `J` of the model over a batch, scalar.
-
-  Args:
-    theta: `[D]` weights.
-    data: `(batch, tau)`.
-  """
-  batch, tau = data
-  pol = semantic_policy(theta, batch)
-  values = jax.vmap(lambda m, p, r: evaluation.evaluate_policy(m, p, r, tau).value)(
-      batch.mdp, pol, batch.pi_ref)
-  return jnp.mean(values)
-
-
 def train(batch: PaddedBatch, *, tau: float, steps: int = 200, learning_rate: float = 0.1,
           theta: Array | None = None) -> tuple[Array, Array]:
   """Exact policy-gradient ascent (Adam) on the mean `J` over the batch.
@@ -209,9 +192,9 @@ def train(batch: PaddedBatch, *, tau: float, steps: int = 200, learning_rate: fl
   dtype = batch.pi_ref.dtype
   theta = (jnp.zeros(features_lib.NUM_FEATURES, dtype) if theta is None
            else jnp.asarray(theta, dtype))
-  out = train_lib.fit(mean_return, theta, (batch, jnp.asarray(tau, dtype)),
-                      optimizer=train_lib.adam(float(learning_rate)), num_steps=int(steps))
-  return out.params, out.values
+  params, values = families.LogLinearFamily(float(learning_rate)).train(
+      theta, batch, tau=tau, steps=int(steps))
+  return params, jnp.asarray(values)
 
 
 @dataclasses.dataclass
@@ -226,6 +209,10 @@ class FamilyStudy:
     frozen: `Scores` of the model trained on harness i read through harness j
       (`[n, n]` each; the diagonal is the model on its own harness).
     adapted: `{(i, j): Scores}` of model i adapted to harness j (scalars).
+    continued: `{i: Scores}` of model i trained `adapt_steps` more on its own harness i
+      (the control of a swap i -> j at the same budget).
+    base: `Scores` of the initial (pre-trained) model per harness (`[n]` each).
+    policy: the policy family's name; pi_ref: `"uniform"` or `"base"`.
     train_curves: `{i: [steps]}` mean training `J` of model i.
     optimal_decisions_unchanged: True when the field-reversed harnesses have
       the same optimal decisions as the originals on every held-out instance.
@@ -246,6 +233,10 @@ class FamilyStudy:
   reference: Scores
   frozen: Scores
   adapted: dict
+  continued: dict
+  base: Scores
+  policy: str
+  pi_ref: str
   train_curves: dict
   optimal_decisions_unchanged: bool
   decision_flips: np.ndarray
@@ -264,12 +255,27 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
                discount: float = 0.9, steps: int = 200, adapt_steps: int = 100,
                learning_rate: float = 0.1, harnesses: Sequence[str] = harnesses_lib.HARNESSES,
                swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS,
+               policy: families.PolicyFamily | None = None, pi_ref: str = "uniform",
                log: Log | None = None) -> FamilyStudy:
   """Trains one model per harness and measures every harness and swap (module doc).
 
-  `log`, when given, receives one line per stage (progress of a run that takes minutes).
+  Args:
+    family: the task family's name (for the log and the result).
+    train_tasks, test_tasks: training and held-out task instances.
+    tau, discount: temperature and discount of every compiled MDP.
+    steps, adapt_steps: exact-gradient steps per harness, and to adapt along a swap (also
+      the budget of the continued-training control).
+    learning_rate: the log-linear family's step size (when `policy` is None).
+    harnesses, swaps: which harnesses, and which ordered pairs to adapt along.
+    policy: a `harnax.studies.families.PolicyFamily` (default: the log-linear model).
+    pi_ref: the KL reference of every objective: `"uniform"` over the available actions,
+      or `"base"`, the initial (pre-trained) model's own semantic policy under each harness.
+    log: receives one line per stage (progress of a run that takes minutes).
   """
   log = log or (lambda _: None)
+  if pi_ref not in PI_REFS:
+    raise ValueError(f"pi_ref: expected one of {PI_REFS}, got {pi_ref!r}")
+  policy = policy if policy is not None else families.LogLinearFamily(learning_rate)
   names = tuple(harnesses)
   for a, b in swaps:
     if a not in names or b not in names:
@@ -284,15 +290,24 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
   # One padded shape per family: one compile for every harness and split.
   shape = tuple(max(x) for x in zip(*(batch_shape(cs) for d in (train_c, test_c)
                                       for cs in d.values())))
-  train_b = {h: pad_batch(train_c[h], shape) for h in names}
-  test_b = {h: pad_batch(test_c[h], shape) for h in names}
-  test_rb = {h: pad_batch(test_r[h], shape) for h in names}
+  policy.prepare([c for d in (train_c, test_c, test_r) for cs in d.values() for c in cs])
+  base = policy.initial_params()
+
+  def batch(cs):
+    b = pad_batch(cs, shape, policy=policy)
+    if pi_ref == "base":  # the base model's own semantic policy: positive wherever available
+      b = b._replace(pi_ref=policy.semantic_policy(base, b))
+    return b
+
+  train_b = {h: batch(train_c[h]) for h in names}
+  test_b = {h: batch(test_c[h]) for h in names}
+  test_rb = {h: batch(test_r[h]) for h in names}
 
   log(f"{family}: compiled {len(train_tasks)} + {len(test_tasks)} instances x {len(names)} "
-      f"harnesses, padded to (S, A, O) = {shape}")
+      f"harnesses, padded to (S, A, O) = {shape}; policy {policy.name}, pi_ref {pi_ref}")
   thetas, curves = {}, {}
   for h in names:
-    thetas[h], curves[h] = train(train_b[h], tau=tau, steps=steps, learning_rate=learning_rate)
+    thetas[h], curves[h] = policy.train(base, train_b[h], tau=tau, steps=steps, name=h, log=log)
     log(f"{family}: trained on {h} ({steps} steps), mean J {float(curves[h][-1]):+.3f}")
   n = len(names)
 
@@ -304,18 +319,27 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     return float(np.mean(np.asarray(success_rate(pol, b))))
 
   # Each semantic policy is built once and both evaluated and rolled forward.
-  frozen_pol = [[semantic_policy(thetas[hi], test_b[hj]) for hj in names] for hi in names]
+  frozen_pol = [[policy.semantic_policy(thetas[hi], test_b[hj]) for hj in names]
+                for hi in names]
   frozen = stack([[_mean(evaluate(frozen_pol[i][j], test_b[hj], tau))
                    for j, hj in enumerate(names)] for i in range(n)])
   reference = stack([[_mean(evaluate(test_b[h].pi_ref, test_b[h], tau)) for h in names]])
   reference = Scores(*(x[0] for x in reference))
-  adapted = {}
+  base_scores = stack([[_mean(evaluate(policy.semantic_policy(base, test_b[h]), test_b[h], tau))
+                        for h in names]])
+  base_scores = Scores(*(x[0] for x in base_scores))
+  adapted, continued = {}, {}
   for a, b in swaps:
-    th, _ = train(train_b[b], tau=tau, steps=adapt_steps, learning_rate=learning_rate,
-                  theta=thetas[a])
-    adapted[(names.index(a), names.index(b))] = _mean(evaluate_model(th, test_b[b], tau))
+    th, _ = policy.train(thetas[a], train_b[b], tau=tau, steps=adapt_steps, name=f"{a}->{b}")
+    adapted[(names.index(a), names.index(b))] = _mean(
+        evaluate(policy.semantic_policy(th, test_b[b]), test_b[b], tau))
     log(f"{family}: adapted {a} -> {b} ({adapt_steps} steps)")
-  reversed_pol = [semantic_policy(thetas[h], test_rb[h]) for h in names]
+    if names.index(a) not in continued:
+      # The control at the same budget: the source model trained further on its own harness.
+      th, _ = policy.train(thetas[a], train_b[a], tau=tau, steps=adapt_steps, name=f"{a}+")
+      continued[names.index(a)] = _mean(
+          evaluate(policy.semantic_policy(th, test_b[a]), test_b[a], tau))
+  reversed_pol = [policy.semantic_policy(thetas[h], test_rb[h]) for h in names]
   reversed_frozen = stack([[_mean(evaluate(pol, test_rb[h], tau))
                             for pol, h in zip(reversed_pol, names)]])
   reversed_frozen = Scores(*(x[0] for x in reversed_frozen))
@@ -339,15 +363,16 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     # Field reversal: the optimum's decisions stay, the model's top output moves.
     unchanged &= bool(np.array_equal(np.argmax(np.asarray(pol), -1),
                                      np.argmax(np.asarray(solve(br.mdp, br.pi_ref)), -1)))
-    top, top_r = (np.argmax(np.asarray(log_linear.output_log_probs(
-        thetas[h], x.features, x.output_mask)), -1) for x in (b, br))
+    top, top_r = (np.argmax(np.asarray(policy.output_log_probs(thetas[h], x)), -1)
+                  for x in (b, br))
     live = np.array([[st < c.done_state for st in range(shape[0])] for c in test_c[h]])
     flips.append(float(np.sum((top != top_r) & live) / np.sum(live)))
   success["optimal"] = np.array(optimal)
 
   return FamilyStudy(
       family=family, harnesses=names, ceiling=reference.ceiling, reference=reference,
-      frozen=frozen, adapted=adapted, train_curves={h: np.asarray(c) for h, c in curves.items()},
+      frozen=frozen, adapted=adapted, continued=continued, base=base_scores,
+      policy=policy.name, pi_ref=pi_ref, train_curves={h: np.asarray(c) for h, c in curves.items()},
       optimal_decisions_unchanged=unchanged, decision_flips=np.array(flips),
       reversed_frozen=reversed_frozen, success=success, optimal_return=np.array(optimal_return),
       num_train=len(train_tasks), num_test=len(test_tasks))

@@ -1,0 +1,242 @@
+"""Policy families the MiniWoB++ study runs: the log-linear text model and a language model.
+
+A family turns the compiled harnesses of a task family into its own inputs (text features,
+or prompt and candidate token ids), reads its parameters through a harness as a semantic
+policy `[N, S, A]`, scores candidate outputs (for the top-output flips of the field
+reversal), and trains by exact policy gradient. `harnax.studies.miniwob.run_family` runs
+the whole protocol with any of them:
+
+* `LogLinearFamily`: one weight vector over text features (`harnax.policies.log_linear`);
+  cheap, and its readout drift is built into its line-position features.
+* `LMFamily`: a causal LM behind the harness (`harnax.policies.lm`): prompts rendered with
+  the tokenizer's chat template, every candidate output scored by teacher forcing with
+  the prompt shared, the rest of the model's mass a catch-all that decodes as invalid;
+  trained with the exact gradient (tabular cotangent pulled back through the model).
+
+Invalid outputs execute `wait` (`invalid="noop"`) in both, as a MiniWoB++ harness that
+ignores an unparseable command wastes a step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Protocol, Sequence
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from harnax import train as train_lib
+from harnax.core import evaluation
+from harnax.envs.miniwob import features as features_lib
+from harnax.envs.miniwob import harnesses as harnesses_lib
+from harnax.policies import lm
+from harnax.policies import log_linear
+
+Array = jax.Array
+Log = Callable[[str], None]
+WAIT = harnesses_lib.WAIT
+
+
+class PolicyFamily(Protocol):
+  """What `run_family` needs of a policy family (module doc)."""
+
+  name: str
+
+  def prepare(self, compiled: Sequence[harnesses_lib.CompiledHarness]) -> None:
+    """Sees every compiled harness of the run once (fixes padded sizes)."""
+
+  def inputs(self, compiled: Sequence[harnesses_lib.CompiledHarness], shape) -> Any:
+    """The family's inputs of `N` instances padded to `shape = (S, A, O)`."""
+
+  def initial_params(self) -> Any:
+    """The parameters before any post-training (the base model)."""
+
+  def output_log_probs(self, params, batch) -> Array:
+    """`log p(o | s)` of the candidates, `[N, S, O]`."""
+
+  def semantic_policy(self, params, batch) -> Array:
+    """`Pi(a | s)`, `[N, S, A]`, read through the batch's harness."""
+
+  def train(self, params, batch, *, tau: float, steps: int, name: str = "",
+            log: Log | None = None) -> tuple[Any, np.ndarray]:
+    """`(params, J before each step [steps])` after `steps` exact-gradient steps."""
+
+
+# -- the log-linear text model ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class LogLinearFamily:
+  """The log-linear model over MiniWoB++ text features, trained by Adam on exact J."""
+
+  learning_rate: float = 0.1
+  name: str = "log-linear"
+
+  def prepare(self, compiled) -> None:
+    del compiled
+
+  def inputs(self, compiled, shape) -> Array:
+    s_max, _, o_max = shape
+    feats = []
+    for c in compiled:
+      h = c.harness
+      phi = np.zeros((s_max, o_max, features_lib.NUM_FEATURES))
+      phi[:h.num_states, :h.num_outputs] = features_lib.harness_features(c)
+      feats.append(phi)
+    return jnp.asarray(np.stack(feats))
+
+  def initial_params(self) -> Array:
+    return jnp.zeros(features_lib.NUM_FEATURES, jnp.result_type(float))
+
+  def output_log_probs(self, params, batch) -> Array:
+    return log_linear.output_log_probs(params, batch.inputs, batch.output_mask)
+
+  def semantic_policy(self, params, batch) -> Array:
+    num_actions = batch.pi_ref.shape[-1]
+
+    def one(features, mask, table):
+      return log_linear.semantic_policy(params, features.astype(batch.pi_ref.dtype), table,
+                                        num_actions=num_actions, invalid="noop",
+                                        noop_action=WAIT, output_mask=mask)
+    return jax.vmap(one)(batch.inputs, batch.output_mask, batch.decode_table)
+
+  def train(self, params, batch, *, tau, steps, name="", log=None):
+    del name, log
+    dtype = batch.pi_ref.dtype
+    out = train_lib.fit(_log_linear_return, jnp.asarray(params, dtype),
+                        (batch, jnp.asarray(tau, dtype)),
+                        optimizer=train_lib.adam(float(self.learning_rate)), num_steps=int(steps))
+    return out.params, np.asarray(out.values)
+
+
+def _log_linear_return(theta, data):
+  batch, tau = data
+  pol = LogLinearFamily().semantic_policy(theta, batch)
+  values = jax.vmap(lambda m, p, r: evaluation.evaluate_policy(m, p, r, tau).value)(
+      batch.mdp, pol, batch.pi_ref)
+  return jnp.mean(values)
+
+
+# -- a language model -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class LMFamily:
+  """A causal LM behind the harness (module doc), post-trained by exact policy gradient.
+
+  Attributes:
+    model: the base `CausalLM` (its parameters are `initial_params()`; never modified).
+    tokenizer: its `harnax.models.Tokenizer` (chat template, eos = end of output).
+    learning_rate: Adam step size.
+    micro_batch: states per micro-batch of the model passes.
+    train_config: a `harnax.train.loop` config overriding the optimizer settings (optional).
+    workdir: where each training run writes metrics and checkpoints (None: no files).
+  """
+
+  model: Any
+  tokenizer: Any
+  learning_rate: float = 3e-3
+  micro_batch: int = 32
+  train_config: Any = None
+  workdir: str | None = None
+  name: str = "LM"
+  prompt_length: int = 0
+  output_length: int = 0
+
+  def __post_init__(self):
+    self._graphdef, self._params = nnx.split(self.model)
+    self._score = lm.ScoreFn(self._graphdef)
+
+  def _encode(self, c: harnesses_lib.CompiledHarness) -> lm.CandidateTokens:
+    prompts = [lm.render_prompt(self.tokenizer, c.observation(s))
+               for s in range(c.harness.num_states)]
+    return lm.encode_candidates(self.tokenizer, prompts, [c.outputs] * len(prompts))
+
+  def prepare(self, compiled) -> None:
+    tp = tc = 0
+    for c in compiled:
+      t = self._encode(c)
+      tp, tc = max(tp, t.prompt_ids.shape[-1]), max(tc, t.output_ids.shape[-1])
+    self.prompt_length, self.output_length = tp, tc
+
+  def inputs(self, compiled, shape) -> lm.CandidateTokens:
+    s_max, _, o_max = shape
+    if not self.prompt_length:
+      self.prepare(compiled)
+    tp, tc = self.prompt_length, self.output_length
+    pad = self.tokenizer.pad_token_id or 0
+    p_ids = np.full((len(compiled), s_max, tp), pad, np.int32)
+    p_mask = np.zeros((len(compiled), s_max, tp), bool)
+    p_mask[:, :, -1] = True               # padded states: a one-token prompt, no candidate
+    o_ids = np.full((len(compiled), s_max, o_max, tc), pad, np.int32)
+    o_mask = np.zeros((len(compiled), s_max, o_max, tc), bool)
+    for n, c in enumerate(compiled):
+      t = self._encode(c)
+      s, o = t.output_ids.shape[:2]
+      if t.prompt_ids.shape[-1] > tp or t.output_ids.shape[-1] > tc:
+        raise ValueError(f"compiled: {c!r} needs prompts of {t.prompt_ids.shape[-1]} and "
+                         f"outputs of {t.output_ids.shape[-1]} tokens, more than prepare() saw "
+                         f"({tp}, {tc})")
+      w = t.prompt_ids.shape[-1]
+      p_ids[n, :s, tp - w:], p_mask[n, :s, :] = t.prompt_ids, False
+      p_mask[n, :s, tp - w:] = t.prompt_mask
+      o_ids[n, :s, :o, :t.output_ids.shape[-1]] = t.output_ids
+      o_mask[n, :s, :o, :t.output_ids.shape[-1]] = t.output_mask
+    return lm.CandidateTokens(prompt_ids=p_ids, prompt_mask=p_mask, output_ids=o_ids,
+                              output_mask=o_mask)
+
+  def initial_params(self):
+    return self._params
+
+  def output_log_probs(self, params, batch) -> Array:
+    return _score(self._score, int(self.micro_batch), params, batch.inputs)
+
+  def semantic_policy(self, params, batch) -> Array:
+    lp = self.output_log_probs(params, batch)
+    pol = jnp.exp(lm.semantic_log_policy_from_outputs(
+        lp, batch.decode_table, num_actions=batch.pi_ref.shape[-1], invalid="noop",
+        noop_action=WAIT))
+    return pol.astype(batch.pi_ref.dtype)
+
+  def value_and_grad_fn(self, batch, tau):
+    """`(params, _) -> (J, grads, metrics)` for `harnax.train` loops, on this batch."""
+    objective = lm.lm_objective(batch.pi_ref.shape[-1], "noop", WAIT)
+    problem = (batch.mdp, batch.decode_table, batch.pi_ref,
+               jnp.asarray(tau, batch.pi_ref.dtype))
+    return functools.partial(_lm_value_and_grad, self._score, objective, int(self.micro_batch),
+                             tokens=batch.inputs, problem=problem)
+
+  def train(self, params, batch, *, tau, steps, name="", log=None):
+    fn = self.value_and_grad_fn(batch, tau)
+    opt = train_lib.adam(float(self.learning_rate))
+    state = opt.init(params)
+    values = []
+    for k in range(int(steps)):
+      j, g, _ = fn(params)
+      values.append(float(j))
+      params, state = _apply(opt, params, state, g)
+      if log is not None and (k + 1) % max(1, int(steps) // 4) == 0:
+        log(f"  {self.name} {name}: step {k + 1}/{steps}, J {float(j):+.4f}")
+    return params, np.asarray(values)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _score(score_fn, micro_batch, params, tokens):
+  return lm.score_rows(score_fn, params, tokens, micro_batch=micro_batch)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _lm_value_and_grad(score_fn, objective, micro_batch, params, *, tokens, problem):
+  j, g, _ = lm.exact_value_and_grad(score_fn, params, tokens,
+                                    lambda lp: objective(lp, problem), micro_batch=micro_batch)
+  return j, g, {}
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _apply(opt, params, state, grads):
+  updates, state = opt.update(jax.tree.map(jnp.negative, grads), state, params)
+  return optax.apply_updates(params, updates), state
