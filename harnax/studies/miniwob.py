@@ -222,7 +222,8 @@ class FamilyStudy:
     reversed_frozen: `Scores` of model i on harness i with reversed fields.
     success: success rates within `horizon` steps (`success_rate`):
       `"optimal"` `[n]` (the soft optimum pi*), `"reference"` `[n]`,
-      `"frozen"` `[n, n]` (model i on harness j), `"reversed"` `[n]`.
+      `"frozen"` `[n, n]` (model i on harness j), `"reversed"` `[n]`, `"base"` `[n]`
+      (the initial model), `"adapted"` `{(i, j): rate}`, `"continued"` `{i: rate}`.
     optimal_return: `[n]`, pi*'s expected discounted raw reward (no KL term).
     num_train, num_test: instance counts.
   """
@@ -328,15 +329,17 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
   base_scores = stack([[_mean(evaluate(policy.semantic_policy(base, test_b[h]), test_b[h], tau))
                         for h in names]])
   base_scores = Scores(*(x[0] for x in base_scores))
-  adapted, continued = {}, {}
+  adapted, continued, adapted_params, continued_params = {}, {}, {}, {}
   for a, b in swaps:
     th, _ = policy.train(thetas[a], train_b[b], tau=tau, steps=adapt_steps, name=f"{a}->{b}")
+    adapted_params[(names.index(a), names.index(b))] = th
     adapted[(names.index(a), names.index(b))] = _mean(
         evaluate(policy.semantic_policy(th, test_b[b]), test_b[b], tau))
     log(f"{family}: adapted {a} -> {b} ({adapt_steps} steps)")
     if names.index(a) not in continued:
       # The control at the same budget: the source model trained further on its own harness.
       th, _ = policy.train(thetas[a], train_b[a], tau=tau, steps=adapt_steps, name=f"{a}+")
+      continued_params[names.index(a)] = th
       continued[names.index(a)] = _mean(
           evaluate(policy.semantic_policy(th, test_b[a]), test_b[a], tau))
   reversed_pol = [policy.semantic_policy(thetas[h], test_rb[h]) for h in names]
@@ -349,6 +352,12 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
       "frozen": np.array([[rate(frozen_pol[i][j], test_b[hj]) for j, hj in enumerate(names)]
                           for i in range(n)]),
       "reference": np.array([rate(test_b[h].pi_ref, test_b[h]) for h in names]),
+      "base": np.array([rate(policy.semantic_policy(base, test_b[h]), test_b[h])
+                        for h in names]),
+      "continued": {i: rate(policy.semantic_policy(th, test_b[names[i]]), test_b[names[i]])
+                    for i, th in continued_params.items()},
+      "adapted": {k: rate(policy.semantic_policy(th, test_b[names[k[1]]]), test_b[names[k[1]]])
+                  for k, th in adapted_params.items()},
       "reversed": np.array([rate(pol, test_rb[h]) for pol, h in zip(reversed_pol, names)])}
   solve = jax.vmap(lambda m, r: solvers.solve_soft_bellman(m, r, tau).policy)
   optimal, optimal_return = [], []

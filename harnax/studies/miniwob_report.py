@@ -174,7 +174,13 @@ def metrics(result) -> dict:
         "reversed_own": {k: np.asarray(v).tolist()
                          for k, v in s.reversed_frozen._asdict().items()},
         "decision_flips": s.decision_flips.tolist(),
-        "success": {k: np.asarray(v).tolist() for k, v in s.success.items()},
+        "success": {k: ({"→".join(s.harnesses[i] for i in np.atleast_1d(kk)): float(vv)
+                         for kk, vv in v.items()} if isinstance(v, dict)
+                        else np.asarray(v).tolist()) for k, v in s.success.items()},
+        "base": {k: np.asarray(v).tolist() for k, v in s.base._asdict().items()},
+        "continued": {s.harnesses[i]: {k: float(x) for k, x in sc._asdict().items()}
+                      for i, sc in s.continued.items()},
+        "policy": s.policy, "pi_ref": s.pi_ref,
         "optimal_return": s.optimal_return.tolist(),
         "optimal_decisions_unchanged": s.optimal_decisions_unchanged,
         "swaps": [{k: (float(v) if k != "swap" else v) for k, v in r.items()}
