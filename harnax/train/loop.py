@@ -30,6 +30,7 @@ the state after `k` updates.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
@@ -379,10 +380,39 @@ def _make_step(fn, tx, treedef, names, c, lora_treedef):
     updates, opt_state = tx.update(jax.tree.map(jnp.negative, g), opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
     rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(rng))[0])
-    metrics = {"value": value, "grad_norm": optax.global_norm(g), **metrics}
+    metrics = {"value": value, "grad_norm": optax.tree.norm(g), **metrics}
     return trainable, opt_state, rng, metrics
 
   return step
+
+
+def _jitted_step(fn, c, treedef, names, lora_treedef, t_shardings, opt_shardings, replicated):
+  """The jitted step, shared by calls of `train` with the same function and settings.
+
+  A second `train` on the same problem (a resume in the same process, a sweep over
+  workdirs) then reuses the compiled program.
+  """
+  opt_leaves, opt_treedef = jax.tree.flatten(opt_shardings)
+  fields = tuple(sorted((k, v) for k, v in c.to_dict().items() if k != "mesh"))
+  key = (fn, fields, treedef, tuple(names), lora_treedef, tuple(t_shardings), opt_treedef,
+         tuple(opt_leaves), replicated)
+  try:
+    hash(key)
+  except TypeError:  # an unhashable callable: compile for this call only
+    return _build_step(*key)
+  return _cached_step(*key)
+
+
+def _build_step(fn, fields, treedef, names, lora_treedef, t_shardings, opt_treedef, opt_leaves,
+                replicated):
+  c = check_config(dict(fields))
+  step = _make_step(fn, make_optimizer(c), treedef, list(names), c, lora_treedef)
+  opt_shardings = jax.tree.unflatten(opt_treedef, opt_leaves)
+  return jax.jit(step, donate_argnums=(0, 1),
+                 out_shardings=(list(t_shardings), opt_shardings, replicated, None))
+
+
+_cached_step = functools.lru_cache(maxsize=8)(_build_step)
 
 
 def _place_batch(batch, mesh):
@@ -599,8 +629,11 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
                for a, x in zip(_variable_axes(params), leaves)]
   dtypes = [_master_dtype(x) for x in leaves]
   if lora:
-    adapters = lora_lib.init_lora(params, rank=c.lora_rank, targets=c.lora_targets,
-                                  key=init_key, layout=c.lora_layout)
+    try:
+      adapters = lora_lib.init_lora(params, rank=c.lora_rank, targets=c.lora_targets,
+                                    key=init_key, layout=c.lora_layout)
+    except ValueError as e:  # "targets: ..." -> "config.lora_targets: ..."
+      raise ValueError(f"config.lora_{e}") from None
     base = _copy_to(leaves, shardings, dtypes)
     t_leaves, lora_treedef = jax.tree.flatten(adapters)
     t_names = lora_lib.param_names(adapters)
@@ -667,10 +700,8 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
     stop = c.num_steps if max_steps_this_run is None else min(
         c.num_steps, start + max_steps_this_run)
     fixed_batch = None if callable(batch) else _place_batch(batch, mesh)
-    step_fn = jax.jit(
-        _make_step(value_and_grad_fn, tx, treedef, names, c, lora_treedef),
-        donate_argnums=(0, 1),
-        out_shardings=(t_shardings, opt_shardings, replicated, None))
+    step_fn = _jitted_step(value_and_grad_fn, c, treedef, names, lora_treedef, t_shardings,
+                           opt_shardings, replicated)
     bar = bool(progress) and sys.stderr.isatty()
     meter = _Progress(c.num_steps, start, bar=bar, log_every=c.log_every, enabled=primary)
 

@@ -1,0 +1,451 @@
+"""harnax.train.train: the config-driven loop, exact resume, bf16 compute, the mesh.
+
+The toy objective is the exact mean return of a tabular softmax policy over a batch of
+random MDPs (`harnax.evaluate_policy`); references are hand-written optax loops and the
+core's closed-form policy gradient, never the loop itself.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import harnax as hx
+from harnax import models
+from harnax import train
+from harnax.core import mdp as mdp_lib
+from harnax.harness import INVALID
+from harnax.policies import lm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TAU = 0.5
+N, S, A = 8, 8, 4
+
+
+def make_problem(n=N, s=S, a=A):
+  mdps = mdp_lib.stack([hx.random_dense_mdp(jax.random.key(i), s, a, discount=0.8)
+                        for i in range(n)])
+  pi_ref = jnp.stack([hx.random_reference(jax.random.key(100 + i), s, a,
+                                          unavailable_fraction=0.2) for i in range(n)])
+  return mdps, pi_ref
+
+
+def mean_return(theta, batch):
+  mdps, pi_ref = batch
+  one = lambda m, r: hx.evaluate_policy(m, hx.softmax_policy(theta, r), r, TAU).value
+  return jnp.mean(jax.vmap(one)(mdps, pi_ref))
+
+
+def dict_fn(params, batch):
+  """value_and_grad_fn over params {"logits": [S, A]}, with one extra metric."""
+  v, g = jax.value_and_grad(lambda p: mean_return(p["logits"], batch))(params)
+  return v, g, {"regret_proxy": -v}
+
+
+class Logits(nnx.Module):
+  """Tabular logits as an NNX parameter with logical axes (sharded by the mesh rules)."""
+
+  def __init__(self, s=S, a=A):
+    self.logits = nnx.Param(jnp.zeros((s, a), jnp.float32), axes=("embed", "mlp"))
+
+
+def state_fn(params, batch):
+  v, g = jax.value_and_grad(lambda p: mean_return(p["logits"][...], batch))(params)
+  return v, g, {}
+
+
+def config(**kw):
+  c = train.default_config()
+  c.num_steps = 10
+  c.checkpoint_every = 3
+  c.learning_rate = 0.1
+  c.log_every = 0
+  c.update(kw)
+  return c
+
+
+@pytest.fixture(scope="module")
+def problem():
+  return make_problem()
+
+
+def test_sgd_steps_are_exact_ascent_steps(problem, tmp_path):
+  # Independent reference: the core's closed-form softmax policy gradient, averaged.
+  lr, steps = 0.3, 4
+  out = train.train(config(optimizer="sgd", learning_rate=lr, num_steps=steps), dict_fn,
+                    {"logits": jnp.zeros((S, A))}, problem, workdir=str(tmp_path), progress=False)
+  mdps, pi_ref = problem
+  theta = jnp.zeros((S, A))
+  for k in range(steps):
+    grads = [hx.softmax_policy_gradient(jax.tree.map(lambda x: x[i], mdps), theta, pi_ref[i], TAU)
+             for i in range(N)]
+    value = float(mean_return(theta, problem))
+    np.testing.assert_allclose(out.history[k]["value"], value, rtol=1e-6)
+    np.testing.assert_allclose(out.history[k]["regret_proxy"], -value, rtol=1e-6)
+    np.testing.assert_allclose(out.history[k]["grad_norm"],
+                               np.linalg.norm(np.mean(grads, axis=0)), rtol=1e-4)
+    theta = theta + lr * jnp.mean(jnp.stack(grads), axis=0)
+  np.testing.assert_allclose(out.params["logits"], theta, atol=1e-6)
+  assert [h["step"] for h in out.history] == list(range(steps))
+  assert out.history[-1]["value"] > out.history[0]["value"]
+
+
+def test_adamw_warmup_cosine_clipping_match_a_hand_written_optax_loop(problem, tmp_path):
+  cfg = config(optimizer="adamw", schedule="warmup_cosine", warmup_steps=2, num_steps=6,
+               learning_rate=0.2, weight_decay=0.01, grad_clip_norm=0.05)
+  out = train.train(cfg, dict_fn, {"logits": jnp.zeros((S, A))}, problem,
+                    workdir=str(tmp_path), progress=False)
+  schedule = lambda k: 0.2 * k / 2 if k < 2 else 0.5 * 0.2 * (1 + np.cos(np.pi * (k - 2) / 4))
+  tx = optax.chain(optax.clip_by_global_norm(0.05),
+                   optax.adamw(optax.warmup_cosine_decay_schedule(0.0, 0.2, 2, 6, 0.0),
+                               weight_decay=0.01))
+  params = {"logits": jnp.zeros((S, A))}
+  state = tx.init(params)
+  for k in range(6):
+    v, g, _ = dict_fn(params, problem)
+    assert out.history[k]["value"] == pytest.approx(float(v), rel=1e-6)
+    assert out.history[k]["learning_rate"] == pytest.approx(schedule(k), abs=1e-7)
+    updates, state = tx.update(jax.tree.map(jnp.negative, g), state, params)
+    params = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(out.params["logits"], params["logits"], atol=1e-6)
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def _strip(history):
+  return [{k: v for k, v in h.items() if k != "step_time"} for h in history]
+
+
+class Crash(RuntimeError):
+  pass
+
+
+def test_killed_and_resumed_run_is_bit_identical(problem, tmp_path):
+  cfg = config(optimizer="adam", schedule="cosine", keep_checkpoints=2)
+  params = {"logits": jnp.zeros((S, A))}
+  straight = train.train(cfg, dict_fn, params, problem, workdir=str(tmp_path / "a"),
+                         progress=False)
+
+  # Killed while running step 5: the last checkpoint is step 3, steps 3 and 4 are logged.
+  def crashing(step):
+    if step == 5:
+      raise Crash("killed")
+    return problem
+
+  work = str(tmp_path / "b")
+  with pytest.raises(Crash):
+    train.train(cfg, dict_fn, params, crashing, workdir=work, progress=False)
+  assert [r["step"] for r in _records(work)] == [0, 1, 2, 3, 4]
+  assert sorted(os.listdir(os.path.join(work, "checkpoints"))) == ["3"]
+  ran = []
+  resumed = train.train(cfg, dict_fn, params, lambda s: ran.append(s) or problem,
+                        workdir=work, progress=False)
+  assert ran == list(range(3, 10))                        # restarted from the step-3 checkpoint
+  np.testing.assert_array_equal(resumed.params["logits"], straight.params["logits"])
+  assert [r["step"] for r in _records(work)] == list(range(10))   # no duplicated lines
+  assert _strip(resumed.history) == _strip(straight.history)
+  assert _strip(_records(work)) == _strip(_records(str(tmp_path / "a")))
+  # keep_checkpoints=2: the latest two (9, and the final 10).
+  assert sorted(os.listdir(os.path.join(work, "checkpoints")), key=int) == ["9", "10"]
+
+  # A job in slices of 4 steps ends at the same bits; a finished run resumes to a no-op.
+  work = str(tmp_path / "c")
+  for _ in range(3):
+    sliced = train.train(cfg, dict_fn, params, problem, workdir=work, progress=False,
+                         max_steps_this_run=4)
+  np.testing.assert_array_equal(sliced.params["logits"], straight.params["logits"])
+  ran = []
+  again = train.train(cfg, dict_fn, params, lambda s: ran.append(s) or problem, workdir=work,
+                      progress=False)
+  assert ran == []
+  np.testing.assert_array_equal(again.params["logits"], straight.params["logits"])
+  assert len(again.history) == 10
+
+
+def test_an_unfinalized_checkpoint_is_never_restored(problem, tmp_path):
+  cfg = config(optimizer="adam")
+  params = {"logits": jnp.zeros((S, A))}
+  straight = train.train(cfg, dict_fn, params, problem, workdir=str(tmp_path / "a"),
+                         progress=False)
+  work = str(tmp_path / "b")
+  train.train(cfg, dict_fn, params, problem, workdir=work, progress=False, max_steps_this_run=6)
+  ckpts = os.path.join(work, "checkpoints")
+  # A write of step 9 interrupted before orbax's final rename: complete files, temp name.
+  fake = os.path.join(ckpts, "9.orbax-checkpoint-tmp-1700000000000000")
+  shutil.copytree(os.path.join(ckpts, "6"), fake)
+  ran = []
+  resumed = train.train(cfg, dict_fn, params, lambda s: ran.append(s) or problem,
+                        workdir=work, progress=False)
+  assert ran == [6, 7, 8, 9]
+  assert not os.path.exists(fake)                      # cleaned up at start-up
+  np.testing.assert_array_equal(resumed.params["logits"], straight.params["logits"])
+
+
+def test_a_checkpoint_of_another_model_or_config_is_refused(problem, tmp_path):
+  params = {"logits": jnp.zeros((S, A))}
+  work = str(tmp_path)
+  train.train(config(num_steps=3), dict_fn, params, problem, workdir=work, progress=False)
+  wider = lambda p, b: (jnp.sum(p["logits"]), jax.tree.map(jnp.ones_like, p), {})
+  with pytest.raises(ValueError, match=r"'logits' is \[8, 4\] float32 there and \[8, 5\]"):
+    train.train(config(num_steps=5), wider, {"logits": jnp.zeros((S, A + 1))}, problem,
+                workdir=work, progress=False)
+  two = {"logits": jnp.zeros((S, A)), "bias": jnp.zeros((A,))}
+  with pytest.raises(ValueError, match=r"missing \['bias'\]"):
+    train.train(config(num_steps=5), wider, two, problem, workdir=work, progress=False)
+  with pytest.raises(ValueError, match="config.learning_rate: 0.5 here, 0.1 in the run"):
+    train.train(config(num_steps=5, learning_rate=0.5), dict_fn, params, problem, workdir=work,
+                progress=False)
+  with pytest.raises(ValueError, match="optimizer"):
+    train.train(config(num_steps=5, optimizer="sgd"), dict_fn, params, problem, workdir=work,
+                progress=False)
+
+
+def test_progress_lines_and_bar(problem, tmp_path, capsys, monkeypatch):
+  params = {"logits": jnp.zeros((S, A))}
+  train.train(config(num_steps=4, log_every=2), dict_fn, params, problem,
+              workdir=str(tmp_path / "a"), progress=True)   # stderr is not a TTY here
+  lines = capsys.readouterr().err.strip().splitlines()
+  lines = [x for x in lines if x.startswith("step ")]
+  assert [x.split()[1] for x in lines] == ["2/4", "4/4"]
+  assert "regret_proxy" in lines[0] and "it/s" in lines[0]
+
+  class Tty:
+    def __init__(self):
+      self.text = ""
+
+    def write(self, s):
+      self.text += s
+
+    def flush(self):
+      pass
+
+    def isatty(self):
+      return True
+
+  tty = Tty()
+  monkeypatch.setattr(sys, "stderr", tty)
+  train.train(config(num_steps=3, log_every=1), dict_fn, params, problem,
+              workdir=str(tmp_path / "b"), progress=True)
+  assert tty.text.count("\r") == 3 and "3/3" in tty.text and tty.text.endswith("\n")
+  assert "it/s" in tty.text and "step 1/3" not in tty.text
+  tty.text = ""
+  train.train(config(num_steps=2, log_every=0), dict_fn, params, problem,
+              workdir=str(tmp_path / "c"), progress=False)
+  assert tty.text == ""
+
+
+def test_bad_configs_name_the_field():
+  bad = [
+      (dict(optimizer="rmsprop"), "config.optimizer"),
+      (dict(schedule="linear"), "config.schedule"),
+      (dict(finetune="qlora"), "config.finetune"),
+      (dict(compute_dtype="float16"), "config.compute_dtype"),
+      (dict(learning_rate=0.0), "config.learning_rate"),
+      (dict(learning_rate=float("nan")), "config.learning_rate"),
+      (dict(num_steps=0), "config.num_steps"),
+      (dict(num_steps=2.5), "config.num_steps"),
+      (dict(weight_decay=0.1), "config.weight_decay: only optimizer='adamw'"),
+      (dict(warmup_steps=3), "config.warmup_steps: only schedule='warmup_cosine'"),
+      (dict(schedule="warmup_cosine", warmup_steps=100), "config.warmup_steps"),
+      (dict(grad_clip_norm=-1.0), "config.grad_clip_norm"),
+      (dict(checkpoint_every=-1), "config.checkpoint_every"),
+      (dict(keep_checkpoints=0), "config.keep_checkpoints"),
+      (dict(finetune="lora", lora_rank=0), "config.lora_rank"),
+      (dict(finetune="lora", lora_alpha=-1.0), "config.lora_alpha"),
+      (dict(finetune="lora", lora_targets="(attn"), "config.lora_targets"),
+      (dict(distributed="yes"), "config.distributed"),
+      (dict(mesh=dict(pipeline=2)), "config.mesh.pipeline"),
+      (dict(mesh=dict(data=0)), "config.mesh.data"),
+      (dict(mesh=dict(data=-1, fsdp=-1)), "config.mesh"),
+      (dict(learning_rte=0.1), "config.learning_rte: unknown field"),
+  ]
+  for fields, message in bad:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+      train.make_optimizer(fields)
+  with pytest.raises(ValueError, match="config: expected a ConfigDict"):
+    train.make_optimizer("adam")
+  # A plain dict of some fields is completed with the defaults.
+  assert train.check_config({"learning_rate": 0.5}).optimizer == "adam"
+
+
+def test_bad_inputs_name_the_argument(problem, tmp_path):
+  params = {"logits": jnp.zeros((S, A))}
+  work = str(tmp_path)
+  run = lambda fn, p=params, b=problem, **kw: train.train(  # noqa: E731
+      config(num_steps=2, **kw), fn, p, b, workdir=work, progress=False)
+  with pytest.raises(ValueError, match="config.mesh: .* needs 2 devices, 1 are available"):
+    run(dict_fn, mesh=dict(data=2))
+  with pytest.raises(ValueError, match="value_and_grad_fn: expected a callable"):
+    run(None)
+  with pytest.raises(ValueError, match="value_and_grad_fn: expected a tuple"):
+    run(lambda p, b: jax.value_and_grad(lambda q: mean_return(q["logits"], b))(p))
+  with pytest.raises(ValueError, match="value must be a scalar"):
+    run(lambda p, b: (jnp.ones(2), p, {}))
+  with pytest.raises(ValueError, match=r"gradient of 'logits' has shape \[4, 8\]"):
+    run(lambda p, b: (jnp.sum(p["logits"]), {"logits": jnp.ones((A, S))}, {}))
+  with pytest.raises(ValueError, match="grads have 2 leaves"):
+    run(lambda p, b: (jnp.sum(p["logits"]), (p, p), {}))
+  with pytest.raises(ValueError, match="metric name 'value'"):
+    run(lambda p, b: (jnp.sum(p["logits"]), p, {"value": 1.0}))
+  with pytest.raises(ValueError, match="metric 'm' must be a scalar"):
+    run(lambda p, b: (jnp.sum(p["logits"]), p, {"m": jnp.ones(3)}))
+  with pytest.raises(ValueError, match="params: leaf 'steps' is not a floating array"):
+    run(dict_fn, p={"logits": jnp.zeros((S, A)), "steps": jnp.zeros((), jnp.int32)})
+  with pytest.raises(ValueError, match="params: expected a pytree of arrays, got an nnx.Module"):
+    run(state_fn, p=Logits())
+  with pytest.raises(ValueError, match="params: expected a pytree with at least one array"):
+    run(dict_fn, p={})
+  with pytest.raises(ValueError, match="max_steps_this_run"):
+    train.train(config(), dict_fn, params, problem, workdir=work, max_steps_this_run=0)
+  with pytest.raises(ValueError, match="workdir"):
+    train.train(config(), dict_fn, params, problem, workdir=None)
+
+
+# -- bfloat16 compute on a tiny language model -------------------------------------------------
+
+
+V = 48
+
+
+def tiny_lm(seed=0):
+  cfg = models.Qwen3Config.from_hf_dict(dict(
+      architectures=["Qwen3ForCausalLM"], vocab_size=V, hidden_size=16, intermediate_size=32,
+      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+      max_position_embeddings=64, rope_theta=1000.0, tie_word_embeddings=False))
+  model = models.from_config(cfg, seed=seed)
+  graphdef, state = nnx.split(model)
+  state = jax.tree.map(lambda x: x * 8.0 if x.ndim == 2 else x, state)
+  return nnx.merge(graphdef, state)
+
+
+def lm_problem(n=2, s=3, o=3, tp=4, tc=2):
+  """n instances of an s-state, 2-action task; candidate 2 of each state is invalid."""
+  rng = np.random.default_rng(0)
+  tokens = lm.CandidateTokens(
+      prompt_ids=rng.integers(1, V, (n, s, tp)), prompt_mask=np.ones((n, s, tp), bool),
+      output_ids=rng.integers(1, V, (n, s, o, tc)), output_mask=np.ones((n, s, o, tc), bool))
+  decode = np.broadcast_to(np.array([0, 1, INVALID], np.int32), (n, s, o))
+  mdps = mdp_lib.stack([hx.random_dense_mdp(jax.random.key(i), s, 2, discount=0.9)
+                        for i in range(n)])
+  pi_ref = jnp.full((n, s, 2), 0.5)
+  return tokens, (mdps, jnp.asarray(decode), pi_ref, jnp.float32(1.0))
+
+
+def make_lm_fn(score_fn, seen_dtypes=None):
+  objective = lm.lm_objective(2, "noop", 0)
+
+  def fn(params, batch):
+    if seen_dtypes is not None:
+      seen_dtypes.update(str(x.dtype) for x in jax.tree.leaves(params))
+    tokens, problem = batch
+    value, grads, _ = lm.exact_value_and_grad(score_fn, params, tokens,
+                                              lambda lp: objective(lp, problem), micro_batch=2)
+    return value, grads, {}
+  return fn
+
+
+@pytest.fixture(scope="module")
+def lm_setup():
+  score_fn, params = lm.split_model(tiny_lm())
+  return score_fn, params, lm_problem()
+
+
+def test_bfloat16_compute_keeps_float32_master_weights(lm_setup, tmp_path):
+  score_fn, params, batch = lm_setup
+  seen = set()
+  cfg = config(num_steps=4, learning_rate=0.02, compute_dtype="bfloat16", checkpoint_every=0)
+  out = train.train(cfg, make_lm_fn(score_fn, seen), params, batch, workdir=str(tmp_path / "b"),
+                    progress=False)
+  assert seen == {"bfloat16"}
+  assert {x.dtype for x in jax.tree.leaves(out.params)} == {jnp.dtype(jnp.float32)}
+  assert isinstance(out.params, nnx.State)
+  values = [h["value"] for h in out.history]
+  assert values[-1] > values[0]
+  # Master weights and optimizer state are float32 in the checkpoint.
+  import orbax.checkpoint as ocp
+  mngr = ocp.CheckpointManager(str(tmp_path / "b" / "checkpoints"),
+                               item_handlers=ocp.StandardCheckpointHandler())
+  meta = mngr.metadata(4).item_metadata.tree
+  mngr.close()
+  dtypes = {str(m.dtype) for g in ("params", "opt_state") for m in meta[g].values()}
+  assert dtypes <= {"float32", "int32"} and "float32" in dtypes
+  # The bf16 run follows the float32 one to bf16 precision (values about 1e-2 apart).
+  ref = train.train(config(num_steps=4, learning_rate=0.02, checkpoint_every=0),
+                    make_lm_fn(score_fn), params, batch, workdir=str(tmp_path / "f"),
+                    progress=False)
+  np.testing.assert_allclose(values, [h["value"] for h in ref.history], rtol=2e-2)
+  assert not np.array_equal(values, [h["value"] for h in ref.history])
+  # The model's own parameters are untouched (the loop trains its own copies).
+  np.testing.assert_array_equal(nnx.to_flat_state(params)[0][1].get_value(),
+                                nnx.to_flat_state(lm.split_model(tiny_lm())[1])[0][1].get_value())
+
+
+# -- the same training on a mesh of 8 simulated devices -----------------------------------------
+
+
+def mesh_run(workdir, mesh, max_steps_this_run=None):
+  """5 SGD steps of the tabular problem with NNX params on `mesh`: (logits, spec, values)."""
+  _, params = nnx.split(Logits())
+  cfg = config(optimizer="sgd", learning_rate=0.5, num_steps=5, checkpoint_every=2, mesh=mesh)
+  out = train.train(cfg, state_fn, params, make_problem(), workdir=workdir, progress=False,
+                    max_steps_this_run=max_steps_this_run)
+  logits = out.params["logits"][...]
+  return np.asarray(logits), str(logits.sharding.spec), [h["value"] for h in out.history]
+
+
+CHILD = """
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import test_loop
+out, work = sys.argv[2], sys.argv[3]
+results = {}
+for name, mesh in [("4x2", dict(data=4, fsdp=2)), ("8x1", dict(data=8))]:
+  logits, spec, values = test_loop.mesh_run(work + "/" + name, mesh)
+  results[name], results[name + "_values"] = logits, np.asarray(values)
+  print("SPEC", name, spec)
+# A 4x2 run stopped after 2 steps finishes on a 2x4 mesh (the checkpoint is resharded).
+test_loop.mesh_run(work + "/switch", dict(data=4, fsdp=2), max_steps_this_run=2)
+logits, spec, values = test_loop.mesh_run(work + "/switch", dict(data=2, fsdp=4))
+results["switch"], results["switch_values"] = logits, np.asarray(values)
+# 6 task instances do not split over 4 data devices.
+try:
+  test_loop.train.train(test_loop.config(mesh=dict(data=4, fsdp=2)), test_loop.state_fn,
+                        test_loop.nnx.split(test_loop.Logits())[1], test_loop.make_problem(n=6),
+                        workdir=work + "/bad", progress=False)
+except ValueError as e:
+  print("BATCH_ERROR", e)
+np.savez(out, **results)
+"""
+
+
+def test_data_parallel_and_fsdp_match_one_device(tmp_path):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  out = str(tmp_path / "sharded.npz")
+  proc = subprocess.Popen([sys.executable, "-c", CHILD, HERE, out, str(tmp_path)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  ref_logits, _, ref_values = mesh_run(str(tmp_path / "one"), dict(data=-1))
+  stdout, stderr = proc.communicate(timeout=600)
+  assert proc.returncode == 0, stdout + stderr[-4000:]
+  # The logits' "embed" rows are split over the fsdp devices (2 of them on the 4x2 mesh).
+  spec = str(jax.sharding.PartitionSpec("fsdp", "tensor"))
+  assert f"SPEC 4x2 {spec}" in stdout and f"SPEC 8x1 {spec}" in stdout, stdout
+  assert "BATCH_ERROR batch" in stdout and "split over 4 devices" in stdout, stdout
+  sharded = np.load(out)
+  assert np.abs(ref_logits).max() > 0.1
+  for name in ("4x2", "8x1", "switch"):
+    np.testing.assert_allclose(sharded[name], ref_logits, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(sharded[name + "_values"], ref_values, rtol=1e-6, err_msg=name)
