@@ -22,8 +22,6 @@ import harnax as hx
 from harnax import models
 from harnax import train
 from harnax.core import mdp as mdp_lib
-from harnax.harness import INVALID
-from harnax.policies import lm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -324,72 +322,60 @@ def tiny_lm(seed=0):
       architectures=["Qwen3ForCausalLM"], vocab_size=V, hidden_size=16, intermediate_size=32,
       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
       max_position_embeddings=64, rope_theta=1000.0, tie_word_embeddings=False))
-  model = models.from_config(cfg, seed=seed)
-  graphdef, state = nnx.split(model)
-  state = jax.tree.map(lambda x: x * 8.0 if x.ndim == 2 else x, state)
-  return nnx.merge(graphdef, state)
+  return models.from_config(cfg, seed=seed)
 
 
-def lm_problem(n=2, s=3, o=3, tp=4, tc=2):
-  """n instances of an s-state, 2-action task; candidate 2 of each state is invalid."""
-  rng = np.random.default_rng(0)
-  tokens = lm.CandidateTokens(
-      prompt_ids=rng.integers(1, V, (n, s, tp)), prompt_mask=np.ones((n, s, tp), bool),
-      output_ids=rng.integers(1, V, (n, s, o, tc)), output_mask=np.ones((n, s, o, tc), bool))
-  decode = np.broadcast_to(np.array([0, 1, INVALID], np.int32), (n, s, o))
-  mdps = mdp_lib.stack([hx.random_dense_mdp(jax.random.key(i), s, 2, discount=0.9)
-                        for i in range(n)])
-  pi_ref = jnp.full((n, s, 2), 0.5)
-  return tokens, (mdps, jnp.asarray(decode), pi_ref, jnp.float32(1.0))
+def make_likelihood_fn(graphdef, seen_dtypes=None):
+  """The mean token log-likelihood of a batch of sequences (to maximize) and its gradient."""
 
-
-def make_lm_fn(score_fn, seen_dtypes=None):
-  objective = lm.lm_objective(2, "noop", 0)
-
-  def fn(params, batch):
+  def fn(params, ids):
     if seen_dtypes is not None:
       seen_dtypes.update(str(x.dtype) for x in jax.tree.leaves(params))
-    tokens, problem = batch
-    value, grads, _ = lm.exact_value_and_grad(score_fn, params, tokens,
-                                              lambda lp: objective(lp, problem), micro_batch=2)
+
+    def objective(p):
+      logits = nnx.merge(graphdef, p)(ids)
+      return jnp.mean(models.token_logprobs(logits[:, :-1], ids[:, 1:]))
+
+    value, grads = jax.value_and_grad(objective)(params)
     return value, grads, {}
   return fn
 
 
-@pytest.fixture(scope="module")
-def lm_setup():
-  score_fn, params = lm.split_model(tiny_lm())
-  return score_fn, params, lm_problem()
-
-
-def test_bfloat16_compute_keeps_float32_master_weights(lm_setup, tmp_path):
-  score_fn, params, batch = lm_setup
+def test_bfloat16_compute_keeps_float32_master_weights(tmp_path):
+  graphdef, params = nnx.split(tiny_lm())
+  before = [np.array(x) for x in jax.tree.leaves(params)]
+  ids = jnp.asarray(np.random.default_rng(0).integers(1, V, (4, 6)), jnp.int32)
   seen = set()
-  cfg = config(num_steps=4, learning_rate=0.02, compute_dtype="bfloat16", checkpoint_every=0)
-  out = train.train(cfg, make_lm_fn(score_fn, seen), params, batch, workdir=str(tmp_path / "b"),
-                    progress=False)
+  cfg = config(num_steps=3, learning_rate=0.05, compute_dtype="bfloat16", checkpoint_every=0)
+  out = train.train(cfg, make_likelihood_fn(graphdef, seen), params, ids,
+                    workdir=str(tmp_path / "b"), progress=False)
   assert seen == {"bfloat16"}
-  assert {x.dtype for x in jax.tree.leaves(out.params)} == {jnp.dtype(jnp.float32)}
   assert isinstance(out.params, nnx.State)
+  assert {x.dtype for x in jax.tree.leaves(out.params)} == {jnp.dtype(jnp.float32)}
   values = [h["value"] for h in out.history]
   assert values[-1] > values[0]
   # Master weights and optimizer state are float32 in the checkpoint.
   import orbax.checkpoint as ocp
   mngr = ocp.CheckpointManager(str(tmp_path / "b" / "checkpoints"),
                                item_handlers=ocp.StandardCheckpointHandler())
-  meta = mngr.metadata(4).item_metadata.tree
+  meta = mngr.metadata(3).item_metadata.tree
   mngr.close()
   dtypes = {str(m.dtype) for g in ("params", "opt_state") for m in meta[g].values()}
-  assert dtypes <= {"float32", "int32"} and "float32" in dtypes
-  # The bf16 run follows the float32 one to bf16 precision (values about 1e-2 apart).
-  ref = train.train(config(num_steps=4, learning_rate=0.02, checkpoint_every=0),
-                    make_lm_fn(score_fn), params, batch, workdir=str(tmp_path / "f"),
+  assert dtypes == {"float32", "int32"}          # int32: Adam's step count
+  # The bf16 run follows the float32 one to bf16 precision, but is not the float32 run.
+  ref = train.train(config(num_steps=3, learning_rate=0.05, checkpoint_every=0),
+                    make_likelihood_fn(graphdef), params, ids, workdir=str(tmp_path / "f"),
                     progress=False)
-  np.testing.assert_allclose(values, [h["value"] for h in ref.history], rtol=2e-2)
-  assert not np.array_equal(values, [h["value"] for h in ref.history])
-  # The model's own parameters are untouched (the loop trains its own copies).
-  np.testing.assert_array_equal(nnx.to_flat_state(params)[0][1].get_value(),
-                                nnx.to_flat_state(lm.split_model(tiny_lm())[1])[0][1].get_value())
+  ref_values = [h["value"] for h in ref.history]
+  assert values != ref_values
+  # Same start (bf16 forward and gradient at the float32 weights); Adam then lets the bf16
+  # rounding steer the trajectory a little.
+  assert values[0] == pytest.approx(ref_values[0], rel=1e-3)
+  assert out.history[0]["grad_norm"] == pytest.approx(ref.history[0]["grad_norm"], rel=2e-2)
+  np.testing.assert_allclose(values, ref_values, rtol=3e-2)
+  # The caller's parameters are untouched (the loop trains and donates its own copies).
+  for x, y in zip(jax.tree.leaves(params), before):
+    np.testing.assert_array_equal(x, y)
 
 
 # -- the same training on a mesh of 8 simulated devices -----------------------------------------
