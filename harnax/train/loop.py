@@ -393,7 +393,7 @@ def _jitted_step(fn, c, treedef, names, lora_treedef, t_shardings, opt_shardings
   workdirs) then reuses the compiled program.
   """
   opt_leaves, opt_treedef = jax.tree.flatten(opt_shardings)
-  fields = tuple(sorted((k, v) for k, v in c.to_dict().items() if k != "mesh"))
+  fields = tuple((k, c[k]) for k in _TRAJECTORY_FIELDS + ("num_steps",))
   key = (fn, fields, treedef, tuple(names), lora_treedef, tuple(t_shardings), opt_treedef,
          tuple(opt_leaves), replicated)
   try:
@@ -455,6 +455,7 @@ class _Progress:
     self.log_every, self.enabled = log_every, enabled
     self.t0 = time.perf_counter()
     self.width = 24
+    self.last = 0
 
   def update(self, record: dict) -> None:
     if not self.enabled:
@@ -463,10 +464,12 @@ class _Progress:
     rate = (done - self.start) / max(time.perf_counter() - self.t0, 1e-9)
     if self.bar:
       filled = int(self.width * done / self.total)
-      line = (f"\rtrain [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total}  "
+      line = (f"train [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total}  "
               f"value {record['value']:.6g}  {rate:.2f} it/s")
-      sys.stderr.write(line)
+      # Spaces over what a longer previous line left behind.
+      sys.stderr.write("\r" + line.ljust(self.last))
       sys.stderr.flush()
+      self.last = len(line)
     elif self.log_every and (done % self.log_every == 0 or done == self.total):
       extra = "".join(f"  {k} {v:.6g}" for k, v in record.items() if k not in RESERVED_METRICS)
       sys.stderr.write(f"step {done}/{self.total}  value {record['value']:.6g}  grad_norm "
@@ -731,9 +734,9 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
           if (c.checkpoint_every and done % c.checkpoint_every == 0) or done == stop:
             save(done, trainable, opt_state, rng)
     finally:
+      meter.close()
       if log is not None:
         log.close()
-    meter.close()
   finally:
     manager.wait_until_finished()
     manager.close()

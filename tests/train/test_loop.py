@@ -147,6 +147,8 @@ def test_killed_and_resumed_run_is_bit_identical(problem, tmp_path):
     train.train(cfg, dict_fn, params, crashing, workdir=work, progress=False)
   assert [r["step"] for r in _records(work)] == [0, 1, 2, 3, 4]
   assert sorted(os.listdir(os.path.join(work, "checkpoints"))) == ["3"]
+  # As in a new process: the step is traced and compiled afresh.
+  train.loop._cached_step.cache_clear()
   ran = []
   resumed = train.train(cfg, dict_fn, params, lambda s: ran.append(s) or problem,
                         workdir=work, progress=False)
