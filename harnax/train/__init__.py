@@ -11,6 +11,7 @@ from harnax.train.exact_pg import fit_log_linear
 from harnax.train.loop import TrainResult
 from harnax.train.loop import check_config
 from harnax.train.loop import default_config
+from harnax.train.loop import initialize_distributed
 from harnax.train.loop import make_optimizer
 from harnax.train.loop import make_schedule
 from harnax.train.loop import train
@@ -25,6 +26,7 @@ __all__ = [
     "TrainResult",
     "check_config",
     "default_config",
+    "initialize_distributed",
     "init_lora",
     "make_optimizer",
     "make_schedule",
