@@ -559,6 +559,8 @@ def _check_resumed_config(path: str, c) -> None:
   with open(path, encoding="utf-8") as f:
     old = json.load(f)
   fields = _TRAJECTORY_FIELDS + (() if c.schedule == "constant" else ("num_steps",))
+  if c.finetune == "full" and old.get("finetune") == "full":
+    fields = tuple(f for f in fields if not f.startswith("lora_"))
   for name in fields:
     if name in old and old[name] != c[name]:
       raise ValueError(f"config.{name}: {c[name]!r} here, {old[name]!r} in the run being resumed "

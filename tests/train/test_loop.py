@@ -210,6 +210,12 @@ def test_a_checkpoint_of_another_model_or_config_is_refused(problem, tmp_path):
   with pytest.raises(ValueError, match="optimizer"):
     train.train(config(num_steps=5, optimizer="sgd"), dict_fn, params, problem, workdir=work,
                 progress=False)
+  # Settings that leave the trajectory alone may change: a constant-schedule run extended.
+  ran = []
+  out = train.train(config(num_steps=5, log_every=7, lora_rank=4, checkpoint_every=1),
+                    dict_fn, params, lambda s: ran.append(s) or problem, workdir=work,
+                    progress=False)
+  assert ran == [3, 4] and [h["step"] for h in out.history] == [0, 1, 2, 3, 4]
 
 
 def test_progress_lines_and_bar(problem, tmp_path, capsys, monkeypatch):
