@@ -300,9 +300,14 @@ class Attention(nnx.Module):
     return q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
 
   def attend_and_project(self, q: Array, k: Array, v: Array, q_pos: Array, k_pos: Array,
-                         k_valid: Array) -> Array:
-    """Attention over keys/values [B, K, S, D], then the output projection -> [B, T, hidden]."""
+                         k_valid: Array, pair_mask: Array | None = None) -> Array:
+    """Attention over keys/values [B, K, S, D], then the output projection -> [B, T, hidden].
+
+    ``pair_mask`` [B, T, S], when given, further restricts which key each query sees (e.g. a
+    tree of continuations packed after one prompt, each seeing only its own ancestors)."""
     mask = attention_mask(q_pos, k_pos, k_valid, window=self.window)
+    if pair_mask is not None:
+      mask = mask & pair_mask
     out = attend(q, k, v, mask, scale=self.scale, softcap=self.softcap)
     b, t = out.shape[:2]
     return self.o_proj(out.reshape(b, t, -1))

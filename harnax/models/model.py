@@ -122,8 +122,8 @@ class DecoderLayer(nnx.Module):
 
   def __call__(self, x: Array, positions: Array, mask: Array, *,
                cache: AttentionCache | None = None, cache_positions: Array | None = None,
-               cache_valid: Array | None = None,
-               index: Array | None = None) -> tuple[Array, AttentionCache | None]:
+               cache_valid: Array | None = None, index: Array | None = None,
+               pair_mask: Array | None = None) -> tuple[Array, AttentionCache | None]:
     """One block. Without a cache the keys are the inputs themselves.
 
     Args:
@@ -141,7 +141,7 @@ class DecoderLayer(nnx.Module):
       new_cache = cache.write(k, v, index)
       k_all, v_all = new_cache.heads(x.shape[0])
       k_pos, k_valid = cache_positions, cache_valid
-    h = self.attn.attend_and_project(q, k_all, v_all, positions, k_pos, k_valid)
+    h = self.attn.attend_and_project(q, k_all, v_all, positions, k_pos, k_valid, pair_mask)
     if self.post_attn_norm is not None:
       h = self.post_attn_norm(h)
     x = x + h
@@ -213,13 +213,24 @@ class CausalLM(nnx.Module):
       x = x * jnp.asarray(math.sqrt(self.config.hidden_size), dtype=x.dtype)
     return constrain(x, ("batch", "seq", "act_embed"))
 
-  def hidden_states(self, input_ids: Array, attention_mask: Array | None = None) -> Array:
-    """Final-norm hidden states [B, T, hidden] of a (left-padded) batch, without a cache."""
+  def hidden_states(self, input_ids: Array, attention_mask: Array | None = None, *,
+                    positions: Array | None = None, pair_mask: Array | None = None) -> Array:
+    """Final-norm hidden states [B, T, hidden] of a (left-padded) batch, without a cache.
+
+    For packed sequences (several continuations of one prompt in one row): ``positions``
+    [B, T] replaces the positions derived from the mask, and ``pair_mask`` [B, T, T] further
+    restricts which earlier tokens each token attends to (both default to a plain sequence).
+    """
     mask = self._mask(input_ids, attention_mask)
-    positions = positions_from_mask(mask)
+    positions = positions_from_mask(mask) if positions is None else positions
+    if positions.shape != mask.shape:
+      raise ValueError(f"positions: expected shape {mask.shape}, got {positions.shape}")
+    if pair_mask is not None and pair_mask.shape != mask.shape + mask.shape[-1:]:
+      raise ValueError(f"pair_mask: expected shape {mask.shape + mask.shape[-1:]}, got "
+                       f"{pair_mask.shape}")
     x = self._embed(input_ids)
     for layer in self.layers:
-      x, _ = layer(x, positions, mask)
+      x, _ = layer(x, positions, mask, pair_mask=pair_mask)
     return self.norm(x)
 
   def hidden_states_with_cache(self, input_ids: Array, attention_mask: Array | None = None, *,

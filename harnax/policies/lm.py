@@ -45,6 +45,7 @@ from harnax.core import evaluation
 from harnax.harness import aggregation
 from harnax.harness import interface
 from harnax.models import logprobs as logprobs_lib
+from harnax.models import model as model_lib
 
 Array = jax.Array
 
@@ -103,19 +104,172 @@ class CandidateTokens:
     """bool `[..., R, O]`: the candidate exists (has at least one token)."""
     return jnp.any(self.output_mask, axis=-1)
 
+  @property
+  def lead_shape(self) -> tuple[int, ...]:
+    """The leading dims, `[..., R]`."""
+    return self.prompt_ids.shape[:-1]
+
   def rows(self) -> "CandidateTokens":
     """The same arrays with every leading dim merged into the row dim `R`."""
-    tp, (o, tc) = self.prompt_ids.shape[-1], self.output_ids.shape[-2:]
-    return pytree.unvalidated(
-        CandidateTokens, prompt_ids=self.prompt_ids.reshape(-1, tp),
-        prompt_mask=self.prompt_mask.reshape(-1, tp),
-        output_ids=self.output_ids.reshape(-1, o, tc),
-        output_mask=self.output_mask.reshape(-1, o, tc))
+    return _merge_lead(self, len(self.lead_shape))
+
+  def pad_rows(self, extra: int) -> "CandidateTokens":
+    """`extra` more rows (after merging leading dims): a one-token prompt, no candidate."""
+    return _pad(self.rows(), extra, fills=dict(output_ids=0, output_mask=False))
 
 
 def val_host(x) -> np.ndarray | None:
   """`x` as a NumPy array when it is concrete, else None (under a trace)."""
   return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+
+
+@pytree.container
+class CandidateTree:
+  """Prompts and the prefix tree of their candidates, to pack in one sequence per state.
+
+  Candidates share prefixes (`click [1]`, `click [1] [2]`, ...): each distinct prefix is one
+  tree node, scored once. The packed row is the prompt followed by the nodes; a node sees
+  the prompt and its own ancestors (`node_path`), and sits at position `prompt length +
+  depth`, as in the plain sequence `prompt + candidate`. Built by `pack_candidates`.
+
+  Attributes:
+    prompt_ids, prompt_mask: `[..., R, Tp]` as in `CandidateTokens`.
+    node_ids: int32 `[..., R, N]`, the token of each node.
+    node_mask: bool `[..., R, N]`, a real node.
+    node_parent: int32 `[..., R, N]`, the parent node, -1 for a child of the prompt.
+    node_path: int32 `[..., R, N, D]`, the nodes from the root to the node (inclusive),
+      padded with -1; `D` is the longest candidate.
+    output_node: int32 `[..., R, O]`, each candidate's last node (its end token), -1 for a
+      padding candidate.
+  """
+
+  prompt_ids: Array
+  prompt_mask: Array
+  node_ids: Array
+  node_mask: Array
+  node_parent: Array
+  node_path: Array
+  output_node: Array
+
+  def __init__(self, *, prompt_ids, prompt_mask, node_ids, node_mask, node_parent, node_path,
+               output_node):
+    fields = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, node_ids=node_ids,
+                  node_mask=node_mask, node_parent=node_parent, node_path=node_path,
+                  output_node=output_node)
+    fields = {k: jnp.asarray(v, bool if k.endswith("mask") else jnp.int32)
+              for k, v in fields.items()}
+    lead = fields["prompt_ids"].shape[:-1]
+    n = fields["node_ids"].shape[-1] if fields["node_ids"].ndim else 0
+    expected = dict(prompt_mask=fields["prompt_ids"].shape, node_ids=lead + (n,),
+                    node_mask=lead + (n,), node_parent=lead + (n,))
+    for k, shape in expected.items():
+      if fields[k].shape != shape:
+        raise ValueError(f"{k}: expected shape {list(shape)}, got {list(fields[k].shape)}")
+    if fields["node_path"].shape[:-1] != lead + (n,):
+      raise ValueError(f"node_path: expected shape {list(lead + (n,))} + [D], got "
+                       f"{list(fields['node_path'].shape)}")
+    if fields["output_node"].shape[:-1] != lead:
+      raise ValueError(f"output_node: expected shape {list(lead)} + [O], got "
+                       f"{list(fields['output_node'].shape)}")
+    pytree.set_fields(self, **fields)
+
+  @property
+  def num_outputs(self) -> int:
+    return self.output_node.shape[-1]
+
+  @property
+  def candidate_mask(self) -> Array:
+    return self.output_node >= 0
+
+  @property
+  def lead_shape(self) -> tuple[int, ...]:
+    return self.prompt_ids.shape[:-1]
+
+  def rows(self) -> "CandidateTree":
+    return _merge_lead(self, len(self.lead_shape))
+
+  def pad_rows(self, extra: int) -> "CandidateTree":
+    return _pad(self.rows(), extra, fills=dict(node_ids=0, node_mask=False, node_parent=-1,
+                                               node_path=-1, output_node=-1))
+
+
+def _merge_lead(tokens, lead_dims: int):
+  """Every leading dim merged into one row dim."""
+  def merge(x):
+    return x.reshape((-1,) + x.shape[lead_dims:])
+  return pytree.unvalidated(type(tokens), **{
+      f.name: merge(getattr(tokens, f.name)) for f in dataclasses.fields(tokens)})
+
+
+def _pad(tokens, extra: int, *, fills: dict):
+  """`extra` padding rows: a one-token prompt (attention needs a key), `fills` elsewhere."""
+  if extra == 0:
+    return tokens
+  out = {}
+  for f in dataclasses.fields(tokens):
+    x = getattr(tokens, f.name)
+    if f.name == "prompt_mask":
+      pad = jnp.zeros((extra,) + x.shape[1:], bool).at[:, -1].set(True)
+    else:
+      pad = jnp.full((extra,) + x.shape[1:], fills.get(f.name, 0), x.dtype)
+    out[f.name] = jnp.concatenate([x, pad])
+  return pytree.unvalidated(type(tokens), **out)
+
+
+def as_tree(tokens) -> "CandidateTree":
+  """`tokens` as a `CandidateTree` (packed on the host when given `CandidateTokens`)."""
+  return pack_candidates(tokens) if isinstance(tokens, CandidateTokens) else tokens
+
+
+def pack_candidates(tokens: CandidateTokens, *, num_nodes: int | None = None) -> CandidateTree:
+  """The prefix tree of every row's candidates (host-side; concrete `tokens`).
+
+  Args:
+    tokens: `CandidateTokens` (any leading dims).
+    num_nodes: pad every row to this many nodes (default: the largest tree).
+  """
+  rows = tokens.rows()
+  out_ids, out_mask = np.asarray(rows.output_ids), np.asarray(rows.output_mask)
+  r, o, tc = out_ids.shape
+  trees = []
+  for i in range(r):
+    index: dict[tuple[int, ...], int] = {}
+    ids, parent, paths, last = [], [], [], np.full(o, -1, np.int32)
+    for j in range(o):
+      seq = tuple(int(t) for t in out_ids[i, j][out_mask[i, j]])
+      if not seq:
+        continue
+      node, path = -1, []
+      for t in range(len(seq)):
+        key = seq[:t + 1]
+        if key not in index:
+          index[key] = len(ids)
+          ids.append(seq[t])
+          parent.append(node)
+          paths.append(path + [len(ids) - 1])
+        node = index[key]
+        path = paths[node]
+      last[j] = node
+    trees.append((ids, parent, paths, last))
+  n = max(max((len(t[0]) for t in trees), default=0), 1)
+  n = _size("num_nodes", num_nodes, n)
+  node_ids = np.zeros((r, n), np.int32)
+  node_mask = np.zeros((r, n), bool)
+  node_parent = np.full((r, n), -1, np.int32)
+  node_path = np.full((r, n, tc), -1, np.int32)
+  output_node = np.full((r, o), -1, np.int32)
+  for i, (ids, parent, paths, last) in enumerate(trees):
+    k = len(ids)
+    node_ids[i, :k], node_mask[i, :k], node_parent[i, :k] = ids, True, parent
+    for m, path in enumerate(paths):
+      node_path[i, m, :len(path)] = path
+    output_node[i] = last
+  lead = tokens.lead_shape
+  return CandidateTree(
+      prompt_ids=tokens.prompt_ids, prompt_mask=tokens.prompt_mask,
+      node_ids=node_ids.reshape(lead + (n,)), node_mask=node_mask.reshape(lead + (n,)),
+      node_parent=node_parent.reshape(lead + (n,)),
+      node_path=node_path.reshape(lead + (n, tc)), output_node=output_node.reshape(lead + (o,)))
 
 
 def render_prompt(tokenizer, observation: str, *, system: str | None = None) -> str:
@@ -230,16 +384,59 @@ def _expand_cache(cache, copies: int):
                        valid=rep2(cache.valid), index=cache.index)
 
 
-def candidate_log_probs(model, tokens: CandidateTokens, *, temperature: float = 1.0) -> Array:
+def candidate_log_probs(model, tree: CandidateTree, *, temperature: float = 1.0) -> Array:
   """`log p(o | prompt)` of every candidate, `[R, O]` float32, by teacher forcing.
 
-  One prefill per prompt, then all `O` candidates of the row continue from its KV cache.
-  Padding candidates get `-1e30` (probability exactly 0).
+  One packed sequence per state: the prompt, then the prefix tree of its candidates with a
+  tree mask (each node sees the prompt and its ancestors), so a shared prefix is scored
+  once and nothing is copied per candidate. Padding candidates get `-1e30`.
 
   Args:
     model: a `harnax.models.CausalLM`.
-    tokens: `CandidateTokens` with `R` rows (no extra leading dims; see `.rows()`).
+    tree: `CandidateTree` with `R` rows (no extra leading dims; see `.rows()`), from
+      `pack_candidates`; concrete `CandidateTokens` are packed here.
     temperature: the sampling temperature the probabilities refer to.
+  """
+  if isinstance(tree, CandidateTokens):  # concrete token arrays: pack them here
+    tree = pack_candidates(tree)
+  tp = tree.prompt_ids.shape[-1]
+  n = tree.node_ids.shape[-1]
+  ids = jnp.concatenate([tree.prompt_ids, tree.node_ids], axis=-1)
+  mask = jnp.concatenate([tree.prompt_mask, tree.node_mask], axis=-1)
+  length = jnp.sum(tree.prompt_mask, axis=-1, dtype=jnp.int32)
+  depth = jnp.sum(tree.node_path >= 0, axis=-1, dtype=jnp.int32) - 1
+  positions = jnp.concatenate([models_positions(tree.prompt_mask),
+                               length[:, None] + jnp.maximum(depth, 0)], axis=-1)
+  ancestors = jnp.any(tree.node_path[:, :, :, None] == jnp.arange(n)[None, None, None, :],
+                      axis=2)                                                 # [R, N, N]
+  r = ids.shape[0]
+  pair = jnp.concatenate([
+      jnp.ones((r, tp, tp + n), bool),
+      jnp.concatenate([jnp.ones((r, n, tp), bool), ancestors], axis=-1)], axis=1)
+  hidden = model.hidden_states(ids, mask, positions=positions, pair_mask=pair)   # [R, T, d]
+  # A node's token is predicted at its parent's slot (the last prompt slot for a root).
+  slot = jnp.where(tree.node_parent >= 0, tp + tree.node_parent, tp - 1)
+  h = jnp.take_along_axis(hidden, slot[..., None], axis=1)                    # [R, N, d]
+  node_lp = logprobs_lib.token_logprobs(model.logits(h), tree.node_ids, temperature=temperature)
+  node_lp = jnp.where(tree.node_mask, node_lp, 0.0)
+  path = jnp.take_along_axis(tree.node_path, jnp.maximum(tree.output_node, 0)[..., None],
+                             axis=1)                                          # [R, O, D]
+  lp = jnp.take_along_axis(node_lp[:, None, :], jnp.maximum(path, 0), axis=-1)
+  total = jnp.sum(jnp.where(path >= 0, lp, 0.0), axis=-1)
+  return jnp.where(tree.candidate_mask, total, _ABSENT)
+
+
+def models_positions(mask: Array) -> Array:
+  """Positions of a left-padded prompt batch (`harnax.models.positions_from_mask`)."""
+  return model_lib.positions_from_mask(mask)
+
+
+def candidate_log_probs_cached(model, tokens: CandidateTokens, *,
+                               temperature: float = 1.0) -> Array:
+  """`candidate_log_probs` from a KV cache: one prefill per prompt, then all `O`
+  candidates continue from a copy of its cache (`[R * O]` rows). Same values; more memory
+  traffic than the packed tree (the cache is copied per candidate, shared prefixes are
+  scored once per candidate). Kept for the benchmark.
   """
   r, tp = tokens.prompt_ids.shape
   o, tc = tokens.output_ids.shape[-2:]
@@ -271,6 +468,10 @@ def candidate_log_probs_unshared(model, tokens: CandidateTokens, *,
       p_ids, p_mask, tokens.output_ids.reshape(r * o, tc), tokens.output_mask.reshape(r * o, tc))
   total = logprobs_lib.score_spans(model, ids, mask, span, temperature=temperature).total
   return jnp.where(tokens.candidate_mask, total.reshape(r, o), _ABSENT)
+
+
+SCORERS = {"tree": candidate_log_probs, "cache": candidate_log_probs_cached,
+           "unshared": candidate_log_probs_unshared}
 
 
 def with_catch_all(log_probs: Array) -> Array:
@@ -324,45 +525,37 @@ class ScoreFn:
 
   graphdef: Any
   temperature: float = 1.0
-  shared: bool = True
+  method: str = "tree"
 
-  def __call__(self, params, tokens: CandidateTokens) -> Array:
+  def __call__(self, params, tokens) -> Array:
     model = nnx.merge(self.graphdef, params)
-    score = candidate_log_probs if self.shared else candidate_log_probs_unshared
-    return score(model, tokens, temperature=self.temperature)
+    return SCORERS[self.method](model, tokens, temperature=self.temperature)
 
 
-def split_model(model, *, temperature: float = 1.0, shared: bool = True) -> tuple[ScoreFn, Any]:
-  """`(score_fn, params)`: the model as a pure scoring function of its state."""
+def split_model(model, *, temperature: float = 1.0, method: str = "tree"
+                ) -> tuple[ScoreFn, Any]:
+  """`(score_fn, params)`: the model as a pure scoring function of its state.
+
+  `method`: `"tree"` (packed prefix tree, takes a `CandidateTree`), `"cache"` (KV-cache
+  copies) or `"unshared"` (a full forward per candidate); the last two take
+  `CandidateTokens`.
+  """
+  if method not in SCORERS:
+    raise ValueError(f"method: expected one of {tuple(SCORERS)}, got {method!r}")
   graphdef, params = nnx.split(model)
-  return ScoreFn(graphdef, float(temperature), bool(shared)), params
+  return ScoreFn(graphdef, float(temperature), method), params
 
 
 # -- micro-batched scoring and the exact gradient ---------------------------------------------
 
 
-def _chunks(tokens: CandidateTokens, micro_batch: int) -> tuple[CandidateTokens, int]:
-  """Rows padded to a multiple of `micro_batch` and split: `[C, micro_batch, ...]`."""
+def _chunks(tokens, micro_batch: int):
+  """Rows padded to a multiple of `micro_batch` and split: leaves `[C, micro_batch, ...]`."""
   tokens = tokens.rows()
   r = tokens.prompt_ids.shape[0]
   mb = max(1, min(int(micro_batch), r))
-  pad = (-r) % mb
-
-  def split(x, fill):
-    if pad:
-      widths = [(0, pad)] + [(0, 0)] * (x.ndim - 1)
-      x = jnp.pad(x, widths, constant_values=fill)
-    return x.reshape((-1, mb) + x.shape[1:])
-
-  # Padded rows get a one-token prompt (attention needs a key) and no candidate.
-  pm = tokens.prompt_mask
-  if pad:
-    pm = jnp.concatenate([pm, jnp.zeros((pad,) + pm.shape[1:], bool).at[:, -1].set(True)])
-  out = pytree.unvalidated(
-      CandidateTokens, prompt_ids=split(tokens.prompt_ids, 0),
-      prompt_mask=pm.reshape((-1, mb) + pm.shape[1:]),
-      output_ids=split(tokens.output_ids, 0), output_mask=split(tokens.output_mask, False))
-  return out, r
+  padded = tokens.pad_rows((-r) % mb)
+  return jax.tree.map(lambda x: x.reshape((-1, mb) + x.shape[1:]), padded), r
 
 
 def score_rows(score_fn: Callable, params, tokens: CandidateTokens, *,
@@ -384,9 +577,9 @@ def pullback(score_fn: Callable, params, tokens: CandidateTokens, cotangent: Arr
   chunks, r = _chunks(tokens, micro_batch)
   g = cotangent.reshape((-1,) + cotangent.shape[-1:])
   pad = chunks.prompt_ids.shape[0] * chunks.prompt_ids.shape[1] - r
-  g = jnp.pad(g, ((0, pad), (0, 0))).reshape(chunks.output_ids.shape[:3])
+  g = jnp.pad(g, ((0, pad), (0, 0))).reshape(chunks.candidate_mask.shape)
   # Padding candidates carry no gradient (their -1e30 is a constant, not a function).
-  g = jnp.where(jnp.any(chunks.output_mask, -1), g, 0.0)
+  g = jnp.where(chunks.candidate_mask, g, 0.0)
 
   def body(acc, xs):
     chunk, gc = xs
@@ -453,7 +646,7 @@ def semantic_policy(model, tokens: CandidateTokens, decode_table: Array, *, num_
     num_actions, invalid, noop_action: see `semantic_log_policy_from_outputs`.
   """
   score_fn, params = split_model(model)
-  lp = _score_jit(score_fn, params, tokens, int(micro_batch))
+  lp = _score_jit(score_fn, params, as_tree(tokens), int(micro_batch))
   return jnp.exp(semantic_log_policy_from_outputs(lp, jnp.asarray(decode_table),
                                                   num_actions=num_actions, invalid=invalid,
                                                   noop_action=noop_action))
@@ -487,7 +680,7 @@ def value_and_grad(model, tokens: CandidateTokens, mdp, decode_table: Array, pi_
   score_fn, params = split_model(model)
   objective = lm_objective(int(num_actions), invalid,
                            None if noop_action is None else int(noop_action))
-  j, g, _ = _value_and_grad_jit(score_fn, objective, int(micro_batch), params, tokens,
+  j, g, _ = _value_and_grad_jit(score_fn, objective, int(micro_batch), params, as_tree(tokens),
                                 (mdp, jnp.asarray(decode_table), pi_ref, tau))
   return j, g
 

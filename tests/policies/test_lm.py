@@ -76,20 +76,21 @@ def model():
 
 def test_shared_scoring_equals_full_forwards(model):
   tokens = random_tokens(0)
-  shared = np.asarray(lm.candidate_log_probs(model, tokens))
-  unshared = np.asarray(lm.candidate_log_probs_unshared(model, tokens))
   ref = numpy_scores(model, tokens)
   real = np.isfinite(ref)
-  np.testing.assert_allclose(shared[real], ref[real], rtol=1e-10, atol=1e-10)
-  np.testing.assert_allclose(unshared[real], ref[real], rtol=1e-10, atol=1e-10)
-  assert np.all(np.exp(shared[~real]) == 0.0)
+  tree = lm.pack_candidates(tokens)
+  for shared in (lm.candidate_log_probs(model, tree), lm.candidate_log_probs_cached(model, tokens),
+                 lm.candidate_log_probs_unshared(model, tokens)):
+    shared = np.asarray(shared)
+    np.testing.assert_allclose(shared[real], ref[real], rtol=1e-10, atol=1e-10)
+    assert np.all(np.exp(shared[~real]) == 0.0)
   # Far from uniform: the test would notice a wrong position or a missing token.
   assert np.ptp(shared[real]) > 1.0
 
 
 @pytest.mark.parametrize("micro_batch", [1, 2, 5, 64])
 def test_micro_batched_rows_equal_one_batch(model, micro_batch):
-  tokens = random_tokens(1)
+  tokens = lm.pack_candidates(random_tokens(1))
   score_fn, params = lm.split_model(model)
   full = np.asarray(lm.candidate_log_probs(model, tokens))
   got = np.asarray(lm.score_rows(score_fn, params, tokens, micro_batch=micro_batch))
@@ -154,7 +155,7 @@ def test_exact_gradient_equals_autodiff_and_finite_differences(model):
   n, s, a, o = 2, 4, 3, 6
   mdp, table, pi_ref, tau = batched_problem(0, n, s, a, o)
   tokens = random_tokens(3, r=n * s, o=o)
-  tokens = jax.tree.map(lambda x: x.reshape((n, s) + x.shape[1:]), tokens)
+  tokens = lm.pack_candidates(jax.tree.map(lambda x: x.reshape((n, s) + x.shape[1:]), tokens))
   score_fn, params = lm.split_model(model)
   objective = lm.lm_objective(a, "noop", 0)
   problem = (mdp, table, pi_ref, tau)
@@ -191,7 +192,7 @@ def test_public_value_and_grad_matches_the_pipeline(model):
   tokens = jax.tree.map(lambda x: x.reshape((n, s) + x.shape[1:]), tokens)
   j, grads = lm.value_and_grad(model, tokens, mdp, table, pi_ref, tau, num_actions=a,
                                invalid="noop", noop_action=0, micro_batch=8)
-  score_fn, params = lm.split_model(model)
+  score_fn, params = lm.split_model(model, method="unshared")
   objective = lm.lm_objective(a, "noop", 0)
   j2, g2 = jax.value_and_grad(lambda p: objective(
       score_fn(p, tokens.rows()).reshape(n, s, o), (mdp, table, pi_ref, tau)))(params)
