@@ -15,9 +15,7 @@ import harnax as hx
 from harnax import models
 from harnax import train
 from harnax.core import mdp as mdp_lib
-from harnax.harness import INVALID
 from harnax.models import layers
-from harnax.policies import lm
 from harnax.train import lora
 
 pytestmark = pytest.mark.x64
@@ -39,7 +37,7 @@ def tiny_lm():
 
 @pytest.fixture(scope="module")
 def lm_params():
-  return lm.split_model(tiny_lm())
+  return nnx.split(tiny_lm())                    # (graphdef, params)
 
 
 def leaves_by_name(tree):
@@ -146,20 +144,35 @@ def test_lora_init_and_merge_reject_bad_inputs(lm_params):
     lora.merge_lora(params, [ad], alpha=1.0, rank=2)
 
 
-# -- LoRA training through the loop, on the exact LM policy gradient -----------------------------
+# -- LoRA training through the loop, on an exact LM policy gradient ------------------------------
 
 
-def lm_problem(n=2, s=3, o=3, tp=4, tc=2):
-  """n instances of an s-state, 2-action task; each state's third candidate is invalid."""
+def lm_problem(n=2, s=3, tp=4, tc=2):
+  """n instances of an s-state, 2-action task: candidate a of a state means action a.
+
+  Returns the full sequences of every (instance, state, candidate) `[n * s * 2, tp + tc]`
+  (ids, mask, candidate span) and the MDPs `[n]`.
+  """
   rng = np.random.default_rng(0)
-  tokens = lm.CandidateTokens(
-      prompt_ids=rng.integers(1, V, (n, s, tp)), prompt_mask=np.ones((n, s, tp), bool),
-      output_ids=rng.integers(1, V, (n, s, o, tc)), output_mask=np.ones((n, s, o, tc), bool))
-  decode = np.broadcast_to(np.array([0, 1, INVALID], np.int32), (n, s, o))
+  prompts = np.repeat(rng.integers(1, V, (n * s, 1, tp)), 2, axis=1).reshape(-1, tp)
+  outputs = rng.integers(1, V, (n * s * 2, tc))
+  ids, mask, span = models.concat_completion(
+      jnp.asarray(prompts), jnp.ones_like(prompts), jnp.asarray(outputs), jnp.ones_like(outputs))
   mdps = mdp_lib.stack([hx.random_dense_mdp(jax.random.key(i), s, 2, discount=0.9)
                         for i in range(n)])
-  pi_ref = jnp.full((n, s, 2), 0.5)
-  return tokens, (mdps, jnp.asarray(decode), pi_ref, jnp.float64(0.5))
+  return ids, mask, span, mdps
+
+
+def lm_return(graphdef, params, batch, n=2, s=3, tau=0.5):
+  """The mean exact return of the model's policy: action a has the probability of candidate
+  a; the mass outside both candidates executes action 0 (the harness's no-op)."""
+  ids, mask, span, mdps = batch
+  model = nnx.merge(graphdef, params)
+  p = jnp.exp(models.score_spans(model, ids, mask, span).total).reshape(n, s, 2)
+  policy = p.at[..., 0].add(1.0 - p.sum(-1))
+  pi_ref = jnp.full((s, 2), 0.5)
+  one = lambda m, pi: hx.evaluate_policy(m, pi, pi_ref, tau).value  # noqa: E731
+  return jnp.mean(jax.vmap(one)(mdps, policy))
 
 
 def test_one_lora_sgd_step_moves_b_by_the_closed_form(lm_params, tmp_path):
@@ -189,19 +202,17 @@ def test_one_lora_sgd_step_moves_b_by_the_closed_form(lm_params, tmp_path):
 
 
 def test_lora_training_on_the_exact_lm_policy_gradient(lm_params, tmp_path):
-  score_fn, params = lm_params
-  objective = lm.lm_objective(2, "noop", 0)
+  graphdef, params = lm_params
+  problem = lm_problem()
 
   def fn(p, batch):
-    tokens, problem = batch
-    value, grads, _ = lm.exact_value_and_grad(score_fn, p, tokens,
-                                              lambda lp: objective(lp, problem), micro_batch=6)
+    value, grads = jax.value_and_grad(lambda q: lm_return(graphdef, q, batch))(p)
     return value, grads, {}
 
   cfg = train.default_config()
   cfg.update(finetune="lora", lora_rank=2, lora_alpha=4.0, learning_rate=0.05, num_steps=3,
              log_every=0)
-  out = train.train(cfg, fn, params, lm_problem(), workdir=str(tmp_path), progress=False)
+  out = train.train(cfg, fn, params, problem, workdir=str(tmp_path), progress=False)
   values = [h["value"] for h in out.history]
   assert len(values) == 3 and values[-1] > values[0]
   base, merged = leaves_by_name(params), leaves_by_name(out.params)
@@ -215,4 +226,4 @@ def test_lora_training_on_the_exact_lm_policy_gradient(lm_params, tmp_path):
 
   cfg.lora_targets = "no_such_layer"
   with pytest.raises(ValueError, match="config.lora_targets: 'no_such_layer' matches no"):
-    train.train(cfg, fn, params, lm_problem(), workdir=str(tmp_path / "x"), progress=False)
+    train.train(cfg, fn, params, problem, workdir=str(tmp_path / "x"), progress=False)
