@@ -328,7 +328,7 @@ V = 48
 def tiny_lm(seed=0):
   cfg = models.Qwen3Config.from_hf_dict(dict(
       architectures=["Qwen3ForCausalLM"], vocab_size=V, hidden_size=16, intermediate_size=32,
-      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
       max_position_embeddings=64, rope_theta=1000.0, tie_word_embeddings=False))
   return models.from_config(cfg, seed=seed)
 
