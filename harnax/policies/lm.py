@@ -50,7 +50,7 @@ from harnax.models import model as model_lib
 Array = jax.Array
 
 # log of a padded (non-existent) candidate: exp gives exactly 0, no inf - inf in gradients.
-_ABSENT = -1e30
+ABSENT = -1e30
 
 
 # -- token arrays -------------------------------------------------------------------------
@@ -423,7 +423,7 @@ def candidate_log_probs(model, tree: CandidateTree, *, temperature: float = 1.0)
                              axis=1)                                          # [R, O, D]
   lp = jnp.take_along_axis(node_lp[:, None, :], jnp.maximum(path, 0), axis=-1)
   total = jnp.sum(jnp.where(path >= 0, lp, 0.0), axis=-1)
-  return jnp.where(tree.candidate_mask, total, _ABSENT)
+  return jnp.where(tree.candidate_mask, total, ABSENT)
 
 
 def models_positions(mask: Array) -> Array:
@@ -451,7 +451,7 @@ def candidate_log_probs_cached(model, tokens: CandidateTokens, *,
   lp_rest = logprobs_lib.token_logprobs(logits[:, :-1], ids[:, 1:], temperature=temperature)
   lp_rest = jnp.sum(jnp.where(mask[:, 1:], lp_rest, 0.0), axis=-1).reshape(r, o)
   total = jnp.where(tokens.output_mask[:, :, 0], lp_first, 0.0) + lp_rest
-  return jnp.where(tokens.candidate_mask, total, _ABSENT)
+  return jnp.where(tokens.candidate_mask, total, ABSENT)
 
 
 def candidate_log_probs_unshared(model, tokens: CandidateTokens, *,
@@ -467,7 +467,7 @@ def candidate_log_probs_unshared(model, tokens: CandidateTokens, *,
   ids, mask, span = logprobs_lib.concat_completion(
       p_ids, p_mask, tokens.output_ids.reshape(r * o, tc), tokens.output_mask.reshape(r * o, tc))
   total = logprobs_lib.score_spans(model, ids, mask, span, temperature=temperature).total
-  return jnp.where(tokens.candidate_mask, total.reshape(r, o), _ABSENT)
+  return jnp.where(tokens.candidate_mask, total.reshape(r, o), ABSENT)
 
 
 SCORERS = {"tree": candidate_log_probs, "cache": candidate_log_probs_cached,
@@ -613,6 +613,57 @@ def exact_value_and_grad(score_fn: Callable, params, tokens: CandidateTokens,
   value, g = jax.value_and_grad(objective)(log_probs)
   grads = pullback(score_fn, params, tokens, g, micro_batch=micro_batch)
   return value, grads, log_probs
+
+
+# -- the same, driven from the host: one compilation per micro-batch shape -------------------
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _score_chunk(score_fn, params, chunk):
+  return score_fn(params, chunk)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _pull_chunk(score_fn, params, chunk, cotangent, acc):
+  out, vjp = jax.vjp(lambda p: score_fn(p, chunk), params)
+  g = jnp.where(chunk.candidate_mask, cotangent, 0.0).astype(out.dtype)
+  (grad,) = vjp(g)
+  return jax.tree.map(jnp.add, acc, grad)
+
+
+def _host_chunks(tokens, micro_batch: int):
+  tokens = tokens.rows()
+  r = tokens.prompt_ids.shape[0]
+  mb = max(1, min(int(micro_batch), r))
+  padded = tokens.pad_rows((-r) % mb)
+  for start in range(0, r, mb):
+    yield start, jax.tree.map(lambda x, s=start: x[s:s + mb], padded)
+
+
+def score_in_chunks(score_fn: Callable, params, tokens, *, micro_batch: int = 64) -> Array:
+  """`score_rows` driven from Python: `[R, O]` for `R` rows in any number.
+
+  Each micro-batch is one call of a program compiled once per micro-batch shape, so sets of
+  different sizes (every harness of a task family) share one compilation. Not traceable
+  (use `score_rows` inside `jit`).
+  """
+  r = int(np.prod(tokens.lead_shape))
+  parts = [_score_chunk(score_fn, params, chunk) for _, chunk in _host_chunks(tokens,
+                                                                             micro_batch)]
+  return jnp.concatenate(parts)[:r]
+
+
+def pullback_in_chunks(score_fn: Callable, params, tokens, cotangent: Array, *,
+                       micro_batch: int = 64):
+  """`pullback` driven from Python (see `score_in_chunks`): `cotangent` `[R, O]`."""
+  r = int(np.prod(tokens.lead_shape))
+  g = jnp.asarray(cotangent).reshape(r, -1)
+  mb = max(1, min(int(micro_batch), r))
+  g = jnp.pad(g, ((0, (-r) % mb), (0, 0)))
+  acc = jax.tree.map(jnp.zeros_like, params)
+  for start, chunk in _host_chunks(tokens, micro_batch):
+    acc = _pull_chunk(score_fn, params, chunk, g[start:start + mb], acc)
+  return acc
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 from flax import nnx
 import jax
@@ -124,32 +124,44 @@ def _log_linear_return(theta, data):
 # -- a language model -------------------------------------------------------------------------
 
 
+class LMInputs(NamedTuple):
+  """The LM's inputs of a padded batch: only real states are scored.
+
+  Attributes:
+    tree: `CandidateTree` with one row per real state of every instance (`R` rows).
+    index: int32 `[R]`, each row's flat index `n * S + s` in the `[N, S]` state grid.
+  """
+
+  tree: lm.CandidateTree
+  index: Array
+
+
 @dataclasses.dataclass
 class LMFamily:
   """A causal LM behind the harness (module doc), post-trained by exact policy gradient.
+
+  Only the real states of the padded batch are scored (padded states decode to `wait`, as
+  they must), each micro-batch by one program compiled once per family.
 
   Attributes:
     model: the base `CausalLM` (its parameters are `initial_params()`; never modified).
     tokenizer: its `harnax.models.Tokenizer` (chat template, eos = end of output).
     learning_rate: Adam step size.
-    micro_batch: states per micro-batch of the model passes.
-    train_config: a `harnax.train.loop` config overriding the optimizer settings (optional).
-    workdir: where each training run writes metrics and checkpoints (None: no files).
+    micro_batch: states per micro-batch of the model passes (bounds memory).
   """
 
   model: Any
   tokenizer: Any
   learning_rate: float = 3e-3
   micro_batch: int = 32
-  train_config: Any = None
-  workdir: str | None = None
   name: str = "LM"
   prompt_length: int = 0
   output_length: int = 0
+  num_nodes: int = 0
 
   def __post_init__(self):
-    self._graphdef, self._params = nnx.split(self.model)
-    self._score = lm.ScoreFn(self._graphdef)
+    graphdef, self._params = nnx.split(self.model)
+    self._score = lm.ScoreFn(graphdef)
 
   def _encode(self, c: harnesses_lib.CompiledHarness) -> lm.CandidateTokens:
     prompts = [lm.render_prompt(self.tokenizer, c.observation(s))
@@ -157,66 +169,71 @@ class LMFamily:
     return lm.encode_candidates(self.tokenizer, prompts, [c.outputs] * len(prompts))
 
   def prepare(self, compiled) -> None:
-    tp = tc = 0
+    tp = tc = nodes = 0
     for c in compiled:
       t = self._encode(c)
       tp, tc = max(tp, t.prompt_ids.shape[-1]), max(tc, t.output_ids.shape[-1])
-    self.prompt_length, self.output_length = tp, tc
+      # Every state of an instance has the same candidates: one tree per instance.
+      tree = lm.pack_candidates(jax.tree.map(lambda x: x[:1], t))
+      nodes = max(nodes, tree.node_ids.shape[-1])
+    self.prompt_length, self.output_length, self.num_nodes = tp, tc, nodes
 
-  def inputs(self, compiled, shape) -> lm.CandidateTokens:
+  def inputs(self, compiled, shape) -> LMInputs:
     s_max, _, o_max = shape
     if not self.prompt_length:
       self.prepare(compiled)
     tp, tc = self.prompt_length, self.output_length
     pad = self.tokenizer.pad_token_id or 0
-    p_ids = np.full((len(compiled), s_max, tp), pad, np.int32)
-    p_mask = np.zeros((len(compiled), s_max, tp), bool)
-    p_mask[:, :, -1] = True               # padded states: a one-token prompt, no candidate
-    o_ids = np.full((len(compiled), s_max, o_max, tc), pad, np.int32)
-    o_mask = np.zeros((len(compiled), s_max, o_max, tc), bool)
+    rows = sum(c.harness.num_states for c in compiled)
+    p_ids = np.full((rows, tp), pad, np.int32)
+    p_mask = np.zeros((rows, tp), bool)
+    o_ids = np.full((rows, o_max, tc), pad, np.int32)
+    o_mask = np.zeros((rows, o_max, tc), bool)
+    index, r = [], 0
     for n, c in enumerate(compiled):
       t = self._encode(c)
       s, o = t.output_ids.shape[:2]
-      if t.prompt_ids.shape[-1] > tp or t.output_ids.shape[-1] > tc:
-        raise ValueError(f"compiled: {c!r} needs prompts of {t.prompt_ids.shape[-1]} and "
-                         f"outputs of {t.output_ids.shape[-1]} tokens, more than prepare() saw "
-                         f"({tp}, {tc})")
-      w = t.prompt_ids.shape[-1]
-      p_ids[n, :s, tp - w:], p_mask[n, :s, :] = t.prompt_ids, False
-      p_mask[n, :s, tp - w:] = t.prompt_mask
-      o_ids[n, :s, :o, :t.output_ids.shape[-1]] = t.output_ids
-      o_mask[n, :s, :o, :t.output_ids.shape[-1]] = t.output_mask
-    return lm.CandidateTokens(prompt_ids=p_ids, prompt_mask=p_mask, output_ids=o_ids,
-                              output_mask=o_mask)
+      w, l = t.prompt_ids.shape[-1], t.output_ids.shape[-1]
+      if w > tp or l > tc:
+        raise ValueError(f"compiled: {c!r} needs prompts of {w} and outputs of {l} tokens, "
+                         f"more than prepare() saw ({tp}, {tc})")
+      p_ids[r:r + s, tp - w:], p_mask[r:r + s, tp - w:] = t.prompt_ids, t.prompt_mask
+      o_ids[r:r + s, :o, :l], o_mask[r:r + s, :o, :l] = t.output_ids, t.output_mask
+      index += [n * s_max + k for k in range(s)]
+      r += s
+    tokens = lm.CandidateTokens(prompt_ids=p_ids, prompt_mask=p_mask, output_ids=o_ids,
+                                output_mask=o_mask)
+    return LMInputs(lm.pack_candidates(tokens, num_nodes=self.num_nodes),
+                    jnp.asarray(index, jnp.int32))
 
   def initial_params(self):
     return self._params
 
   def output_log_probs(self, params, batch) -> Array:
-    return _score(self._score, int(self.micro_batch), params, batch.inputs)
+    rows = lm.score_in_chunks(self._score, params, batch.inputs.tree,
+                              micro_batch=self.micro_batch)
+    return _to_grid(rows, batch.inputs.index, batch.decode_table.shape)
 
   def semantic_policy(self, params, batch) -> Array:
     lp = self.output_log_probs(params, batch)
-    pol = jnp.exp(lm.semantic_log_policy_from_outputs(
-        lp, batch.decode_table, num_actions=batch.pi_ref.shape[-1], invalid="noop",
-        noop_action=WAIT))
-    return pol.astype(batch.pi_ref.dtype)
+    return _semantic(lp, batch.decode_table, batch.pi_ref)
 
-  def value_and_grad_fn(self, batch, tau):
-    """`(params, _) -> (J, grads, metrics)` for `harnax.train` loops, on this batch."""
-    objective = lm.lm_objective(batch.pi_ref.shape[-1], "noop", WAIT)
-    problem = (batch.mdp, batch.decode_table, batch.pi_ref,
-               jnp.asarray(tau, batch.pi_ref.dtype))
-    return functools.partial(_lm_value_and_grad, self._score, objective, int(self.micro_batch),
-                             tokens=batch.inputs, problem=problem)
+  def value_and_grad(self, params, batch, tau):
+    """Exact `(J, grads)`: mean `J` over the batch's instances, gradient w.r.t. `params`."""
+    rows = lm.score_in_chunks(self._score, params, batch.inputs.tree,
+                              micro_batch=self.micro_batch)
+    j, g_rows = _tabular_value_and_grad(rows, batch.inputs.index, batch.mdp, batch.decode_table,
+                                        batch.pi_ref, jnp.asarray(tau, batch.pi_ref.dtype))
+    grads = lm.pullback_in_chunks(self._score, params, batch.inputs.tree, g_rows,
+                                  micro_batch=self.micro_batch)
+    return j, grads
 
   def train(self, params, batch, *, tau, steps, name="", log=None):
-    fn = self.value_and_grad_fn(batch, tau)
     opt = train_lib.adam(float(self.learning_rate))
     state = opt.init(params)
     values = []
     for k in range(int(steps)):
-      j, g, _ = fn(params)
+      j, g = self.value_and_grad(params, batch, tau)
       values.append(float(j))
       params, state = _apply(opt, params, state, g)
       if log is not None and (k + 1) % max(1, int(steps) // 4) == 0:
@@ -224,16 +241,25 @@ class LMFamily:
     return params, np.asarray(values)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _score(score_fn, micro_batch, params, tokens):
-  return lm.score_rows(score_fn, params, tokens, micro_batch=micro_batch)
+def _to_grid(rows, index, grid_shape):
+  """`[R, O]` row log-probs -> `[N, S, O]` (states without a row: no candidate)."""
+  n, s, o = grid_shape
+  table = jnp.full((n * s, rows.shape[-1]), lm.ABSENT, rows.dtype).at[index].set(rows)
+  return table.reshape(n, s, -1)[..., :o]
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _lm_value_and_grad(score_fn, objective, micro_batch, params, *, tokens, problem):
-  j, g, _ = lm.exact_value_and_grad(score_fn, params, tokens,
-                                    lambda lp: objective(lp, problem), micro_batch=micro_batch)
-  return j, g, {}
+@jax.jit
+def _semantic(lp, decode_table, pi_ref):
+  pol = jnp.exp(lm.semantic_log_policy_from_outputs(
+      lp, decode_table, num_actions=pi_ref.shape[-1], invalid="noop", noop_action=WAIT))
+  return pol.astype(pi_ref.dtype)
+
+
+@jax.jit
+def _tabular_value_and_grad(rows, index, mdp, decode_table, pi_ref, tau):
+  objective = lm.lm_objective(pi_ref.shape[-1], "noop", WAIT)
+  return jax.value_and_grad(lambda x: objective(_to_grid(x, index, decode_table.shape),
+                                                (mdp, decode_table, pi_ref, tau)))(rows)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))

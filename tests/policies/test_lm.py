@@ -297,3 +297,16 @@ def test_candidate_tokens_bad_shapes():
   with pytest.raises(ValueError, match="at least one real token"):
     lm.CandidateTokens(prompt_ids=np.ones((2, 3)), prompt_mask=np.zeros((2, 3)),
                        output_ids=np.ones((2, 1, 1)), output_mask=np.ones((2, 1, 1)))
+
+
+def test_host_driven_chunks_equal_the_traced_pipeline(model):
+  tree = lm.pack_candidates(random_tokens(5, r=7))
+  score_fn, params = lm.split_model(model)
+  rows = lm.score_rows(score_fn, params, tree, micro_batch=3)
+  np.testing.assert_allclose(lm.score_in_chunks(score_fn, params, tree, micro_batch=3), rows,
+                             rtol=1e-12, atol=1e-12)
+  g = jnp.asarray(np.random.default_rng(0).normal(size=rows.shape))
+  ref = lm.pullback(score_fn, params, tree, g, micro_batch=4)
+  got = lm.pullback_in_chunks(score_fn, params, tree, g, micro_batch=4)
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+    np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
