@@ -372,18 +372,57 @@ def _make_step(fn, tx, treedef, names, c, lora_treedef):
                                  layout=c.lora_layout)
     return _compute_cast(jax.tree.leaves(merged), c.compute_dtype)
 
-  def step(trainable, opt_state, rng, base, batch):
-    leaves, pullback = jax.vjp(lambda t: full_params(t, base), trainable)
-    out = fn(jax.tree.unflatten(treedef, leaves), batch)
-    value, grads, metrics = _split_output(out, leaves, names)
-    (g,) = pullback(grads)
+  def update(trainable, opt_state, rng, g, value, metrics):
     updates, opt_state = tx.update(jax.tree.map(jnp.negative, g), opt_state, trainable)
     trainable = optax.apply_updates(trainable, updates)
     rng = jax.random.key_data(jax.random.split(jax.random.wrap_key_data(rng))[0])
     metrics = {"value": value, "grad_norm": optax.tree.norm(g), **metrics}
     return trainable, opt_state, rng, metrics
 
-  return step
+  def step(trainable, opt_state, rng, base, batch):
+    leaves, pullback = jax.vjp(lambda t: full_params(t, base), trainable)
+    out = fn(jax.tree.unflatten(treedef, leaves), batch)
+    value, grads, metrics = _split_output(out, leaves, names)
+    (g,) = pullback(grads)
+    return update(trainable, opt_state, rng, g, value, metrics)
+
+  return step, update
+
+
+def _host_step(fn, c, treedef, names, lora_treedef):
+  """The step of a function that is not traceable (it runs its own compiled pieces, e.g.
+  `harnax.policies.lm.score_in_chunks`): the parameter transform and the update are jitted,
+  the function is called from Python. Same arithmetic as the jitted step."""
+  step, update = _make_step(fn, make_optimizer(c), treedef, names, c, lora_treedef)
+  del step
+  lora = c.finetune == "lora"
+
+  @jax.jit
+  def params_and_pullback(trainable, base):
+    if not lora:
+      return _compute_cast(trainable, c.compute_dtype), None
+    merged = lora_lib.merge_lora(jax.tree.unflatten(treedef, base),
+                                 jax.tree.unflatten(lora_treedef, trainable),
+                                 alpha=float(c.lora_alpha), rank=int(c.lora_rank),
+                                 layout=c.lora_layout)
+    return _compute_cast(jax.tree.leaves(merged), c.compute_dtype), None
+
+  @jax.jit
+  def adapter_grads(trainable, base, grads):
+    _, pullback = jax.vjp(lambda t: params_and_pullback(t, base)[0], trainable)
+    return pullback(grads)[0]
+
+  jit_update = jax.jit(update, donate_argnums=(0, 1))
+
+  def host_step(trainable, opt_state, rng, base, batch):
+    leaves, _ = params_and_pullback(trainable, base)
+    out = fn(jax.tree.unflatten(treedef, leaves), batch)
+    value, grads, metrics = _split_output(out, leaves, names)
+    g = adapter_grads(trainable, base, grads) if lora else [
+        gi.astype(t.dtype) for gi, t in zip(grads, trainable)]
+    return jit_update(trainable, opt_state, rng, g, value, metrics)
+
+  return host_step
 
 
 def _jitted_step(fn, c, treedef, names, lora_treedef, t_shardings, opt_shardings, replicated):
@@ -406,7 +445,7 @@ def _jitted_step(fn, c, treedef, names, lora_treedef, t_shardings, opt_shardings
 def _build_step(fn, fields, treedef, names, lora_treedef, t_shardings, opt_treedef, opt_leaves,
                 replicated):
   c = check_config(dict(fields))
-  step = _make_step(fn, make_optimizer(c), treedef, list(names), c, lora_treedef)
+  step, _ = _make_step(fn, make_optimizer(c), treedef, list(names), c, lora_treedef)
   opt_shardings = jax.tree.unflatten(opt_treedef, opt_leaves)
   return jax.jit(step, donate_argnums=(0, 1),
                  out_shardings=(list(t_shardings), opt_shardings, replicated, None))
@@ -569,7 +608,8 @@ def _check_resumed_config(path: str, c) -> None:
 
 
 def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: str,
-          progress: bool = True, max_steps_this_run: int | None = None) -> TrainResult:
+          progress: bool = True, max_steps_this_run: int | None = None,
+          traceable: bool = True) -> TrainResult:
   """Maximizes an exact-gradient objective by optax, with checkpoints and exact resume.
 
   Args:
@@ -589,6 +629,10 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
       line every `config.log_every` steps.
     max_steps_this_run: stop after this many updates in this call, with a checkpoint (a
       job slice); the next call on the workdir continues.
+    traceable: True (the default) jits the whole step around `value_and_grad_fn`. False
+      calls it from Python once per step and jits only the parameter transform and the
+      update: for a function that drives its own compiled pieces (e.g. the LM policy's
+      host-driven micro-batches, one compilation for sets of any size).
 
   Returns:
     `TrainResult(params, history, adapters)`.
@@ -705,8 +749,11 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
     stop = c.num_steps if max_steps_this_run is None else min(
         c.num_steps, start + max_steps_this_run)
     fixed_batch = None if callable(batch) else _place_batch(batch, mesh)
-    step_fn = _jitted_step(value_and_grad_fn, c, treedef, names, lora_treedef, t_shardings,
-                           opt_shardings, replicated)
+    if traceable:
+      step_fn = _jitted_step(value_and_grad_fn, c, treedef, names, lora_treedef, t_shardings,
+                             opt_shardings, replicated)
+    else:
+      step_fn = _host_step(value_and_grad_fn, c, treedef, list(names), lora_treedef)
     bar = bool(progress) and sys.stderr.isatty()
     meter = _Progress(c.num_steps, start, bar=bar, log_every=c.log_every, enabled=primary)
 
