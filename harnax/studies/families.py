@@ -21,24 +21,46 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import tempfile
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from harnax import train as train_lib
 from harnax.core import evaluation
 from harnax.envs.miniwob import features as features_lib
 from harnax.envs.miniwob import harnesses as harnesses_lib
+from harnax.envs.miniwob.tasks import SUCCESS_REWARD
 from harnax.policies import lm
 from harnax.policies import log_linear
 
 Array = jax.Array
 Log = Callable[[str], None]
 WAIT = harnesses_lib.WAIT
+HORIZON = 20  # the episode cap of the success rate (the gymnasium environments' truncation)
+
+
+@functools.partial(jax.jit, static_argnames=("horizon",))
+def success_within(policy: Array, mdp, horizon: int = HORIZON) -> Array:
+  """Probability of a successful finish (raw reward 1) within `horizon` steps, `[N]`.
+
+  Exact: the state distribution is propagated, nothing sampled. `policy` `[N, S, A]`, `mdp`
+  stacked `[N, ...]`.
+  """
+  def one(m, pol):
+    hit = (m.rewards >= SUCCESS_REWARD).astype(pol.dtype)     # [S, A] successful finishes
+
+    def step(dist, _):
+      flow = dist[:, None] * pol                               # [S, A]
+      return jnp.einsum("sa,sat->t", flow, m.transitions), jnp.sum(flow * hit)
+
+    _, per_step = jax.lax.scan(step, m.initial, None, length=horizon)
+    return jnp.sum(per_step)
+  return jax.vmap(one)(mdp, policy)
 
 
 class PolicyFamily(Protocol):
@@ -148,12 +170,21 @@ class LMFamily:
     tokenizer: its `harnax.models.Tokenizer` (chat template, eos = end of output).
     learning_rate: Adam step size.
     micro_batch: states per micro-batch of the model passes (bounds memory).
+    train_config: fields over `harnax.train.default_config()` for every post-training run
+      (optimizer, schedule, clipping, LoRA, bf16, checkpoints); `num_steps` comes from the
+      study.
+    workdir: each run's metrics (`metrics.jsonl`: J, success, grad norm per step) and
+      checkpoints go to `workdir/<run name>` (resumable); None: a temporary directory.
+    progress: the loop's progress bar on stderr.
   """
 
   model: Any
   tokenizer: Any
   learning_rate: float = 3e-3
   micro_batch: int = 32
+  train_config: Any = None
+  workdir: str | None = None
+  progress: bool = False
   name: str = "LM"
   prompt_length: int = 0
   output_length: int = 0
@@ -219,26 +250,45 @@ class LMFamily:
     return _semantic(lp, batch.decode_table, batch.pi_ref)
 
   def value_and_grad(self, params, batch, tau):
-    """Exact `(J, grads)`: mean `J` over the batch's instances, gradient w.r.t. `params`."""
+    """Exact `(J, grads, metrics)`: mean `J` over the batch's instances, its gradient with
+    respect to `params`, and the mean success within the episode cap."""
     rows = lm.score_in_chunks(self._score, params, batch.inputs.tree,
                               micro_batch=self.micro_batch)
-    j, g_rows = _tabular_value_and_grad(rows, batch.inputs.index, batch.mdp, batch.decode_table,
-                                        batch.pi_ref, jnp.asarray(tau, batch.pi_ref.dtype))
+    tau = jnp.asarray(tau, batch.pi_ref.dtype)
+    (j, success), g_rows = _tabular_value_and_grad(rows, batch.inputs.index, batch.mdp,
+                                                   batch.decode_table, batch.pi_ref, tau)
     grads = lm.pullback_in_chunks(self._score, params, batch.inputs.tree, g_rows,
                                   micro_batch=self.micro_batch)
-    return j, grads
+    return j, grads, {"success": success}
+
+  def loop_config(self, steps: int):
+    """The `harnax.train` config of one post-training run (`train_config` over Adam)."""
+    c = train_lib.default_config()
+    c.optimizer, c.learning_rate, c.num_steps = "adam", float(self.learning_rate), int(steps)
+    c.checkpoint_every, c.log_every = 0, 0
+    if self.train_config is not None:
+      c.update(dict(self.train_config))
+      c.num_steps = int(steps)
+    return c
 
   def train(self, params, batch, *, tau, steps, name="", log=None):
-    opt = train_lib.adam(float(self.learning_rate))
-    state = opt.init(params)
-    values = []
-    for k in range(int(steps)):
-      j, g = self.value_and_grad(params, batch, tau)
-      values.append(float(j))
-      params, state = _apply(opt, params, state, g)
-      if log is not None and (k + 1) % max(1, int(steps) // 4) == 0:
-        log(f"  {self.name} {name}: step {k + 1}/{steps}, J {float(j):+.4f}")
-    return params, np.asarray(values)
+    del log
+    if int(steps) == 0:
+      return params, np.zeros(0)
+    fn = functools.partial(_bound_value_and_grad, self, float(tau))
+    if self.workdir:
+      return self._run(fn, params, batch, steps, os.path.join(self.workdir, name or "run"))
+    with tempfile.TemporaryDirectory() as workdir:
+      return self._run(fn, params, batch, steps, workdir)
+
+  def _run(self, fn, params, batch, steps, workdir):
+    out = train_lib.train(self.loop_config(steps), fn, params, batch, workdir=workdir,
+                          progress=self.progress, traceable=False)
+    return out.params, np.array([r["value"] for r in out.history])
+
+
+def _bound_value_and_grad(family, tau, params, batch):
+  return family.value_and_grad(params, batch, tau)
 
 
 def _to_grid(rows, index, grid_shape):
@@ -258,11 +308,9 @@ def _semantic(lp, decode_table, pi_ref):
 @jax.jit
 def _tabular_value_and_grad(rows, index, mdp, decode_table, pi_ref, tau):
   objective = lm.lm_objective(pi_ref.shape[-1], "noop", WAIT)
-  return jax.value_and_grad(lambda x: objective(_to_grid(x, index, decode_table.shape),
-                                                (mdp, decode_table, pi_ref, tau)))(rows)
 
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _apply(opt, params, state, grads):
-  updates, state = opt.update(jax.tree.map(jnp.negative, grads), state, params)
-  return optax.apply_updates(params, updates), state
+  def value(x):
+    lp = _to_grid(x, index, decode_table.shape)
+    success = jnp.mean(success_within(_semantic(lp, decode_table, pi_ref), mdp))
+    return objective(lp, (mdp, decode_table, pi_ref, tau)), jax.lax.stop_gradient(success)
+  return jax.value_and_grad(value, has_aux=True)(rows)

@@ -93,8 +93,11 @@ def run(cfg, *, log: results.Log | None = None) -> dict:
     for family in cfg.families:
       train, test = mw.task_split(family, cfg.num_train, cfg.num_test, seed=cfg.split_seed)
       if name == "lm":
-        policy = families.LMFamily(model, tokenizer, learning_rate=cfg.lm.learning_rate,
-                                   micro_batch=cfg.lm.micro_batch)
+        policy = families.LMFamily(
+            model, tokenizer, learning_rate=cfg.lm.learning_rate,
+            micro_batch=cfg.lm.micro_batch, train_config=cfg.lm.get("train"),
+            workdir=(os.path.join(cfg.output_dir, "runs", family) if cfg.lm.get("keep_runs")
+                     else None))
         steps, adapt = cfg.lm.steps, cfg.lm.adapt_steps
       else:
         policy = families.LogLinearFamily(cfg.log_linear.learning_rate)

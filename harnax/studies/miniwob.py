@@ -19,7 +19,6 @@ None of them changes `C`, `J` or `M` of the real instance.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -32,7 +31,6 @@ from harnax.core import objectives
 from harnax.core import solvers
 from harnax.envs.miniwob import features as features_lib
 from harnax.envs.miniwob import harnesses as harnesses_lib
-from harnax.envs.miniwob.tasks import SUCCESS_REWARD
 from harnax.harness import interface
 from harnax.studies import families
 
@@ -143,20 +141,6 @@ def evaluate_model(theta: Array, batch: PaddedBatch, tau: float) -> Scores:
   return evaluate(semantic_policy(theta, batch), batch, tau)
 
 
-@functools.partial(jax.jit, static_argnames=("horizon",))
-def _success(policy, mdp, horizon):
-  def one(m, pol):
-    hit = (m.rewards >= SUCCESS_REWARD).astype(pol.dtype)     # [S, A] successful finishes
-
-    def step(dist, _):
-      flow = dist[:, None] * pol                               # [S, A]
-      return jnp.einsum("sa,sat->t", flow, m.transitions), jnp.sum(flow * hit)
-
-    _, per_step = jax.lax.scan(step, m.initial, None, length=horizon)
-    return jnp.sum(per_step)
-  return jax.vmap(one)(mdp, policy)
-
-
 def success_rate(policy: Array, batch: PaddedBatch, horizon: int = 20) -> Array:
   """Probability of finishing successfully (raw reward 1) within `horizon` steps, `[N]`.
 
@@ -165,7 +149,7 @@ def success_rate(policy: Array, batch: PaddedBatch, horizon: int = 20) -> Array:
   """
   if not isinstance(horizon, (int, np.integer)) or horizon < 1:
     raise ValueError(f"horizon: expected a positive int, got {horizon!r}")
-  return _success(policy, batch.mdp, int(horizon))
+  return families.success_within(policy, batch.mdp, int(horizon))
 
 
 def train(batch: PaddedBatch, *, tau: float, steps: int = 200, learning_rate: float = 0.1,
