@@ -3,6 +3,9 @@
 Loads ``tokenizer.json`` and, where present, special tokens and the chat template from
 ``tokenizer_config.json`` (or ``chat_template.jinja``). Batches come out left-padded, ready for
 :func:`harnax.models.generate`.
+
+:func:`train_tokenizer` trains a small byte-level BPE tokenizer with Qwen's special tokens and
+chat format on local texts and saves it as a Hugging Face directory (no download).
 """
 
 from __future__ import annotations
@@ -124,3 +127,126 @@ class Tokenizer:
     return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
                            **extra)
+
+
+# -- training a tokenizer ------------------------------------------------------------------
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+"""The special tokens of a trained tokenizer, ids 0, 1, 2: padding, turn start, turn end (the
+end-of-output token, ``eos_token``), as in Qwen."""
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+"""Qwen's chat format: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message; the
+generation prompt ``<|im_start|>assistant\\n`` opens the assistant turn."""
+
+# Pre-tokenization (before the byte-level mapping; BPE never merges across these pieces):
+# a letter run with at most one leading non-letter, non-digit, non-newline character (" the",
+# '"Submit'); one digit; a punctuation run with an optional leading space; a newline run with
+# the spaces before it; trailing spaces; other spaces. A newline is never joined to the letters
+# after it, so an output that starts with a letter tokenizes the same after a prompt ending in
+# a newline (the chat generation prompt) as on its own.
+SPLIT_PATTERN = (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s*[\r\n]+|\s+(?!\S)"
+                 r"|\s+")
+
+
+def train_tokenizer(texts: Sequence[str], path: str, *, vocab_size: int,
+                    min_frequency: int = 2, max_token_length: int | None = 16,
+                    model_max_length: int = 4096) -> Tokenizer:
+  """Trains a byte-level BPE tokenizer on ``texts`` and saves it as a HF directory.
+
+  The tokenizer has the special tokens ``SPECIAL_TOKENS`` (ids 0, 1, 2), pad token
+  ``<|endoftext|>``, eos token ``<|im_end|>`` (the end of an output), no bos token, and the
+  Qwen-style ``CHAT_TEMPLATE``. Every byte is in the vocabulary, so any text encodes. Training
+  is deterministic: the texts are deduplicated and sorted first, so the same set of texts gives
+  the same ``tokenizer.json`` in any order and in any process.
+
+  ``path`` receives ``tokenizer.json`` and ``tokenizer_config.json``, which both
+  :meth:`Tokenizer.from_dir` and ``transformers.AutoTokenizer.from_pretrained`` read (same
+  ids, same rendered chat prompts).
+
+  Args:
+    texts: the training texts (at least one non-empty).
+    path: the output directory (created if missing; existing tokenizer files are replaced).
+    vocab_size: the largest vocabulary, special tokens and the 256 bytes included (at least
+      259); smaller when the texts run out of pairs to merge.
+    min_frequency: a pair is merged only if it occurs at least this often.
+    max_token_length: the longest token in characters (None: no limit).
+    model_max_length: recorded in ``tokenizer_config.json`` (transformers' length limit).
+
+  Returns:
+    The saved tokenizer, loaded back with :meth:`Tokenizer.from_dir`.
+  """
+  from tokenizers import Regex  # optional dependency
+  from tokenizers import Tokenizer as _HFTokenizer
+  from tokenizers import decoders
+  from tokenizers import models
+  from tokenizers import normalizers
+  from tokenizers import pre_tokenizers
+  from tokenizers import processors
+  from tokenizers import trainers
+
+  if isinstance(texts, str):
+    raise ValueError("texts: expected a sequence of strings, got one string")
+  corpus = sorted({str(t) for t in texts if t})
+  if not corpus:
+    raise ValueError("texts: expected at least one non-empty text")
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  smallest = len(alphabet) + len(SPECIAL_TOKENS)
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < smallest:
+    raise ValueError(f"vocab_size: expected an int >= {smallest} (the 256 bytes and "
+                     f"{len(SPECIAL_TOKENS)} special tokens), got {vocab_size!r}")
+  if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 1:
+    raise ValueError(f"min_frequency: expected a positive int, got {min_frequency!r}")
+  if max_token_length is not None and (not isinstance(max_token_length, int)
+                                       or max_token_length < 1):
+    raise ValueError(f"max_token_length: expected a positive int or None, got "
+                     f"{max_token_length!r}")
+
+  tok = _HFTokenizer(models.BPE())
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  tok.post_processor = processors.ByteLevel(trim_offsets=False)
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
+      special_tokens=list(SPECIAL_TOKENS), initial_alphabet=sorted(alphabet),
+      max_token_length=max_token_length)
+  tok.train_from_iterator(corpus, trainer=trainer, length=len(corpus))
+  for i, token in enumerate(SPECIAL_TOKENS):
+    if tok.token_to_id(token) != i:
+      raise RuntimeError(f"special token {token}: expected id {i}, got {tok.token_to_id(token)}")
+
+  os.makedirs(path, exist_ok=True)
+  tok.save(os.path.join(path, "tokenizer.json"))
+  added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                    "single_word": False, "special": True}
+           for i, t in enumerate(SPECIAL_TOKENS)}
+  config = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "added_tokens_decoder": added,
+      "bos_token": None,
+      "eos_token": IM_END,
+      "pad_token": PAD_TOKEN,
+      "unk_token": None,
+      "add_bos_token": False,
+      "add_eos_token": False,
+      "clean_up_tokenization_spaces": False,
+      "split_special_tokens": False,
+      "model_max_length": int(model_max_length),
+      "chat_template": CHAT_TEMPLATE,
+  }
+  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+  stale = os.path.join(path, "chat_template.jinja")  # would take precedence over the config
+  if os.path.exists(stale):
+    os.remove(stale)
+  return Tokenizer.from_dir(path)
