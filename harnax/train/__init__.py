@@ -17,6 +17,11 @@ from harnax.train.loop import make_schedule
 from harnax.train.loop import train
 from harnax.train.lora import init_lora
 from harnax.train.lora import merge_lora
+from harnax.train.sft import SFTData
+from harnax.train.sft import SFTResult
+from harnax.train.sft import encode_examples
+from harnax.train.sft import sft_loss
+from harnax.train.sft import train_sft
 
 __all__ = [
     "FitResult",
@@ -32,4 +37,9 @@ __all__ = [
     "make_schedule",
     "merge_lora",
     "train",
+    "SFTData",
+    "SFTResult",
+    "encode_examples",
+    "sft_loss",
+    "train_sft",
 ]
