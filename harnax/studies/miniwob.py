@@ -188,6 +188,7 @@ class FamilyStudy:
   Attributes:
     family: the family name.
     harnesses: harness names, in order (`n` of them).
+    swaps: the `(source, target)` harness pairs adapted along.
     ceiling: `[n]`, mean `C` per harness.
     reference: `Scores` of the reference policy per harness (`[n]` each).
     frozen: `Scores` of the model trained on harness i read through harness j
@@ -214,6 +215,7 @@ class FamilyStudy:
 
   family: str
   harnesses: tuple[str, ...]
+  swaps: tuple[tuple[str, str], ...]
   ceiling: np.ndarray
   reference: Scores
   frozen: Scores
@@ -363,7 +365,8 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
   success["optimal"] = np.array(optimal)
 
   return FamilyStudy(
-      family=family, harnesses=names, ceiling=reference.ceiling, reference=reference,
+      family=family, harnesses=names, swaps=tuple((a, b) for a, b in swaps),
+      ceiling=reference.ceiling, reference=reference,
       frozen=frozen, adapted=adapted, continued=continued, base=base_scores,
       policy=policy.name, pi_ref=pi_ref, train_curves={h: np.asarray(c) for h, c in curves.items()},
       optimal_decisions_unchanged=unchanged, decision_flips=np.array(flips),
@@ -371,16 +374,16 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
       num_train=len(train_tasks), num_test=len(test_tasks))
 
 
-def swap_rows(study: FamilyStudy, swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS
+def swap_rows(study: FamilyStudy, swaps: Sequence[tuple[str, str]] | None = None
               ) -> list[dict]:
   """The swap quantities of the harness layer (docs/harness.md) per swap H -> H'.
 
   `T = ΔC + M_H(pi)`; the frozen change is `J_H'(pi read through H') - J_H(pi)`;
-  the realized gain is `J_H'(pi adapted) - J_H(pi)`.
+  the realized gain is `J_H'(pi adapted) - J_H(pi)`. `swaps` defaults to the study's own.
   """
   names = study.harnesses
   rows = []
-  for a, b in swaps:
+  for a, b in (study.swaps if swaps is None else swaps):
     i, j = names.index(a), names.index(b)
     f = study.frozen
     dc = f.ceiling[j, j] - f.ceiling[i, i]

@@ -1,0 +1,126 @@
+"""The harness-transfer study with a language model, end to end on a micro configuration.
+
+The LM family runs the whole protocol of `run_family` (post-training per harness through
+`harnax.train`, frozen reads, swaps, the continued control, the field reversal); checks are
+identities that hold for any policy (J = C − M in every cell, distributions), the base
+model's support under `pi_ref="base"`, and the report's shape.
+"""
+
+import importlib.util
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from harnax.envs import miniwob as mw
+from harnax.studies import families
+from harnax.studies import lm_study
+from harnax.studies import miniwob
+
+pytest.importorskip("tokenizers")
+pytestmark = pytest.mark.x64
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_config(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", name + ".py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def micro_config(tmp):
+  cfg = load_config("demo").get_config()
+  cfg.families = ("click-option",)
+  cfg.harnesses = ("H0", "H1", "H4")
+  cfg.swaps = (("H0", "H1"), ("H0", "H4"))
+  cfg.num_train, cfg.num_test = 2, 2
+  cfg.lm.steps, cfg.lm.adapt_steps = 2, 1
+  cfg.log_linear.steps, cfg.log_linear.adapt_steps = 10, 3
+  cfg.base_model = load_config("base_model").get_config("micro")
+  cfg.base_model.sft.num_steps = 40
+  cfg.base_model_dir = str(tmp / "base")
+  cfg.output_dir = str(tmp / "out")
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("lm_study")
+  cfg = micro_config(tmp)
+  with jax.enable_x64(True):
+    result = lm_study.run(cfg)
+  return cfg, result
+
+
+def test_every_cell_satisfies_j_equals_c_minus_m(study):
+  _, result = study
+  s = result["policies"]["lm"]["click-option"]
+  for sc in (s.frozen, s.reference, s.reversed_frozen, s.base):
+    np.testing.assert_allclose(np.asarray(sc.value),
+                               np.asarray(sc.ceiling) - np.asarray(sc.mismatch), atol=1e-6)
+  for sc in list(s.adapted.values()) + list(s.continued.values()):
+    assert abs(sc.value - (sc.ceiling - sc.mismatch)) < 1e-6
+  assert set(s.adapted) == {(0, 1), (0, 2)} and set(s.continued) == {0}
+  for rate in np.ravel(s.success["frozen"]):
+    assert 0.0 <= rate <= 1.0
+
+
+def test_post_training_curves_and_run_files(study):
+  cfg, result = study
+  s = result["policies"]["lm"]["click-option"]
+  for h, curve in s.train_curves.items():
+    assert curve.shape == (cfg.lm.steps,) and np.all(np.isfinite(curve)), h
+  # Each post-training run went through harnax.train: one metrics line per step.
+  lines = (open(os.path.join(cfg.output_dir, "runs", "click-option", "H0", "metrics.jsonl"))
+           .read().splitlines())
+  records = [json.loads(x) for x in lines]
+  assert [r["step"] for r in records] == list(range(cfg.lm.steps))
+  assert all(0.0 <= r["success"] <= 1.0 for r in records)
+  np.testing.assert_allclose([r["value"] for r in records], s.train_curves["H0"], rtol=1e-9)
+
+
+def test_report_shows_the_paper_beside_both_families(study):
+  cfg, result = study
+  text = lm_study.render(cfg, result)
+  assert "| finding | paper (Qwen3.5-2B) | harnax, LM | harnax, log-linear |" in text
+  assert "85.0 % → 19.2 %" in text
+  assert "## harnax, LM: click-option" in text and "## harnax, log-linear: click-option" in text
+  metrics = lm_study.metrics(result)
+  assert set(metrics["policies"]) == {"lm", "log_linear"}
+  json.dumps(metrics)                                   # serializable
+
+
+def test_base_reference_is_the_base_models_policy_with_the_uniform_support(study):
+  cfg, result = study
+  model, tok, _ = lm_study.load_base_model(cfg)
+  train, _ = mw.task_split("click-option", 2, 2, seed=cfg.split_seed)
+  compiled = [mw.compile_harness(t, "H1") for t in train]
+  policy = families.LMFamily(model, tok)
+  with jax.enable_x64(True):
+    batch = miniwob.pad_batch(compiled, policy=policy)
+    base = np.asarray(policy.semantic_policy(policy.initial_params(), batch))
+  np.testing.assert_allclose(base.sum(-1), 1.0, atol=1e-6)
+  uniform = np.asarray(batch.pi_ref)
+  assert np.array_equal(base > 0, uniform > 0)
+
+
+def test_config_errors_before_anything_runs(tmp_path):
+  cfg = micro_config(tmp_path)
+  for field, value, match in [("families", ("click-nothing",), "families"),
+                              ("policies", ("gpt",), "policies"),
+                              ("harnesses", ("H0", "H9"), "harnesses"),
+                              ("pi_ref", "teacher", "pi_ref"),
+                              ("swaps", (("H0", "H5"),), "swaps")]:
+    bad = ml_collections.ConfigDict(cfg.to_dict())
+    bad[field] = value
+    with pytest.raises(ValueError, match=match):
+      lm_study.run(bad)
+  bad = ml_collections.ConfigDict(cfg.to_dict())
+  bad.model_dir = str(tmp_path / "missing")
+  with pytest.raises(ValueError, match="model_dir"):
+    lm_study.run(bad)
