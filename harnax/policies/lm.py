@@ -365,6 +365,38 @@ def _size(name, given, needed):
   return int(given)
 
 
+def check_reachable(decode_table, available, *, action_names: Sequence[str] | None = None
+                    ) -> None:
+  """A clear error when some available action is decoded from no candidate output.
+
+  The model could then never take it: its semantic policy would put probability 0 on an
+  action the reference allows, and `KL(Pi || pi_ref)` would hide it. Concrete inputs.
+
+  Args:
+    decode_table: int `[..., S, O]`, each candidate's action or `INVALID`.
+    available: bool `[..., S, A]`, the actions available in each state (`pi_ref > 0`).
+    action_names: optional names of the `A` actions, for the message.
+  """
+  table, avail = np.asarray(decode_table), np.asarray(available, bool)
+  if table.shape[:-1] != avail.shape[:-1]:
+    raise ValueError(f"decode_table: expected leading shape {list(avail.shape[:-1])} (the "
+                     f"states of `available`), got {list(table.shape)}")
+  a = avail.shape[-1]
+  reached = np.zeros(avail.shape, bool)
+  idx = np.indices(table.shape)
+  ok = table >= 0
+  reached[tuple(i[ok] for i in idx[:-1]) + (table[ok],)] = True
+  missing = avail & ~reached
+  if np.any(missing):
+    where = tuple(int(i) for i in np.argwhere(missing)[0])
+    act = where[-1]
+    name = f" ({action_names[act]!r})" if action_names is not None and act < len(
+        action_names) else ""
+    raise ValueError(f"decode_table: action {act}{name} is available in state {where[:-1]} but "
+                     f"no candidate output decodes to it ({int(missing.sum())} such (state, "
+                     f"action) pairs of {a} actions); add a candidate for it")
+
+
 # -- scoring --------------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from harnax import train as train_lib
 from harnax.core import evaluation
+from harnax.core import objectives
 from harnax.envs.miniwob import features as features_lib
 from harnax.envs.miniwob import harnesses as harnesses_lib
 from harnax.envs.miniwob.tasks import SUCCESS_REWARD
@@ -222,6 +223,8 @@ class LMFamily:
     o_mask = np.zeros((rows, o_max, tc), bool)
     index, r = [], 0
     for n, c in enumerate(compiled):
+      h = c.harness
+      lm.check_reachable(h.decode_table, np.asarray(h.pi_ref) > 0, action_names=h.action_names)
       t = self._encode(c)
       s, o = t.output_ids.shape[:2]
       w, l = t.prompt_ids.shape[-1], t.output_ids.shape[-1]
@@ -251,15 +254,16 @@ class LMFamily:
 
   def value_and_grad(self, params, batch, tau):
     """Exact `(J, grads, metrics)`: mean `J` over the batch's instances, its gradient with
-    respect to `params`, and the mean success within the episode cap."""
+    respect to `params`, and metrics: the mean success within the episode cap, the ceiling
+    `C` and the mismatch `M = C - J` (means over instances)."""
     rows = lm.score_in_chunks(self._score, params, batch.inputs.tree,
                               micro_batch=self.micro_batch)
     tau = jnp.asarray(tau, batch.pi_ref.dtype)
-    (j, success), g_rows = _tabular_value_and_grad(rows, batch.inputs.index, batch.mdp,
+    (j, metrics), g_rows = _tabular_value_and_grad(rows, batch.inputs.index, batch.mdp,
                                                    batch.decode_table, batch.pi_ref, tau)
     grads = lm.pullback_in_chunks(self._score, params, batch.inputs.tree, g_rows,
                                   micro_batch=self.micro_batch)
-    return j, grads, {"success": success}
+    return j, grads, metrics
 
   def loop_config(self, steps: int):
     """The `harnax.train` config of one post-training run (`train_config` over Adam)."""
@@ -313,4 +317,6 @@ def _tabular_value_and_grad(rows, index, mdp, decode_table, pi_ref, tau):
     lp = _to_grid(x, index, decode_table.shape)
     success = jnp.mean(success_within(_semantic(lp, decode_table, pi_ref), mdp))
     return objective(lp, (mdp, decode_table, pi_ref, tau)), jax.lax.stop_gradient(success)
-  return jax.value_and_grad(value, has_aux=True)(rows)
+  (j, success), g = jax.value_and_grad(value, has_aux=True)(rows)
+  ceiling = jnp.mean(jax.vmap(lambda m, r: objectives.ceiling(m, r, tau))(mdp, pi_ref))
+  return (j, {"success": success, "ceiling": ceiling, "mismatch": ceiling - j}), g

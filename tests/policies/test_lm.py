@@ -310,3 +310,11 @@ def test_host_driven_chunks_equal_the_traced_pipeline(model):
   got = lm.pullback_in_chunks(score_fn, params, tree, g, micro_batch=4)
   for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
     np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-12)
+
+
+def test_an_unreachable_action_is_reported():
+  table = np.array([[0, 1, -1], [0, 0, 1]])
+  avail = np.array([[True, True, False], [True, True, True]])
+  lm.check_reachable(table, avail[:, :3] & np.array([True, True, False]))
+  with pytest.raises(ValueError, match=r"action 2 \('verify'\) is available in state \(1,\)"):
+    lm.check_reachable(table, avail, action_names=("wait", "click", "verify"))
