@@ -14,17 +14,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 
-def test_demo_script_writes_its_table(tmp_path):
+def test_demo_script_writes_its_report(tmp_path):
+  # The CLI plumbing only (the log-linear family, no base model to build); the LM side of
+  # the same pipeline runs end to end in tests/studies/test_lm_study.py.
   out = tmp_path / "demo"
   proc = subprocess.run(
-      [sys.executable, "scripts/demo.py", "--config=configs/demo.py", "--config.num_mdps=4",
-       "--config.num_states=8", "--config.num_actions=3", f"--config.output_dir={out}"],
+      [sys.executable, "scripts/demo.py", "--config=configs/demo.py",
+       "--config.policies=('log_linear',)", "--config.families=('click-option',)",
+       "--config.num_train=2", "--config.num_test=2", "--config.log_linear.steps=5",
+       "--config.log_linear.adapt_steps=2", f"--config.output_dir={out}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  text = (out / "demo.md").read_text()
-  assert "| value_iteration |" in text and "| policy_iteration |" in text
+  text = (out / "report.md").read_text()
+  assert "| finding | paper (Qwen3.5-2B) | harnax, log-linear |" in text
+  assert "| finding | paper (Qwen3.5-2B) | harnax, log-linear |" in proc.stdout
+  metrics = json.loads((out / "metrics.json").read_text())
+  fam = metrics["policies"]["log_linear"]["families"]["click-option"]
+  c, j, m = (np.array(fam["frozen"][k]) for k in ("ceiling", "value", "mismatch"))
+  np.testing.assert_allclose(j, c - m, atol=1e-5)
+  assert json.loads((out / "config.json").read_text())["num_train"] == 2
+  assert "[log_linear] click-option: trained on H5" in proc.stderr
   assert "Unable to initialize backend" not in proc.stderr, proc.stderr[:2000]
-  assert json.loads((out / "config.json").read_text())["num_mdps"] == 4
 
 
 def test_miniwob_study_writes_report_metrics_and_plot(tmp_path):
