@@ -11,9 +11,9 @@ only. The tokens are exactly the ones `harnax.policies.lm.encode_candidates` sco
 and output encoded separately), so a trained model's candidate probabilities are the
 distribution it was trained to fit.
 
-`train_sft` runs optax (AdamW) on the model's `nnx.Param` state with one jitted step per
-batch; batches are drawn without replacement from seeded permutations of the examples, one
-permutation per epoch, so a seed fixes the whole run.
+`train_sft` runs optax (gradient clipping, AdamW) on the model's `nnx.Param` state with one
+jitted step per batch; batches are drawn without replacement from seeded permutations of the
+examples, one permutation per epoch, so a seed fixes the whole run.
 """
 
 from __future__ import annotations
@@ -160,7 +160,8 @@ def batch_order(num_examples: int, batch_size: int, num_steps: int, seed: int) -
 def train_sft(model, examples: SFTData, *, batch_size: int, learning_rate: float,
               num_steps: int | None = None, epochs: float | None = None, seed: int = 0,
               weight_decay: float = 0.0, warmup_steps: int = 0, decay: bool = True,
-              log: Log | None = None, log_every: int = 50) -> SFTResult:
+              clip_norm: float | None = 1.0, log: Log | None = None,
+              log_every: int = 50) -> SFTResult:
   """Trains `model` by supervised next-token learning on `examples` (AdamW).
 
   Args:
@@ -174,6 +175,7 @@ def train_sft(model, examples: SFTData, *, batch_size: int, learning_rate: float
     weight_decay: AdamW's decoupled weight decay.
     warmup_steps: linear warm-up from 0 to `learning_rate`.
     decay: cosine decay of the step size to 0 over the remaining steps (else constant).
+    clip_norm: clip the gradient to this global norm first (None: no clipping).
     log: receives a progress line every `log_every` steps and at the end.
     log_every: steps between progress lines.
 
@@ -205,10 +207,12 @@ def train_sft(model, examples: SFTData, *, batch_size: int, learning_rate: float
   if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, np.integer)) or (
       warmup_steps < 0):
     raise ValueError(f"warmup_steps: expected a non-negative int, got {warmup_steps!r}")
+  if clip_norm is not None and not float(clip_norm) > 0:
+    raise ValueError(f"clip_norm: expected > 0 or None, got {clip_norm!r}")
   num_steps, warmup_steps = int(num_steps), int(warmup_steps)
 
   optimizer = _optimizer(float(learning_rate), num_steps, warmup_steps, bool(decay),
-                         float(weight_decay))
+                         float(weight_decay), None if clip_norm is None else float(clip_norm))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   opt_state = optimizer.init(params)
   data = tuple(jnp.asarray(x) for x in examples)
@@ -226,13 +230,15 @@ def train_sft(model, examples: SFTData, *, batch_size: int, learning_rate: float
 
 
 @functools.lru_cache(maxsize=None)
-def _optimizer(peak: float, num_steps: int, warmup: int, decay: bool,
-               weight_decay: float) -> optax.GradientTransformation:
-  """AdamW with its schedule; one object per setting, so equal runs share one compilation."""
+def _optimizer(peak: float, num_steps: int, warmup: int, decay: bool, weight_decay: float,
+               clip_norm: float | None) -> optax.GradientTransformation:
+  """AdamW with its schedule (after optional clipping); one object per setting, so equal runs
+  share one compilation."""
   if not decay:
     schedule = optax.linear_schedule(0.0, peak, warmup) if warmup else peak
   else:
     warmup = min(warmup, num_steps)
     schedule = optax.warmup_cosine_decay_schedule(0.0 if warmup else peak, peak, warmup,
                                                   max(num_steps, warmup + 1), end_value=0.0)
-  return optax.adamw(schedule, weight_decay=weight_decay)
+  adamw = optax.adamw(schedule, weight_decay=weight_decay)
+  return adamw if clip_norm is None else optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
