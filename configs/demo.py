@@ -60,6 +60,12 @@ def get_config() -> ml_collections.ConfigDict:
   # The base model: built into base_model_dir (reused when the config is unchanged), or
   # model_dir: any Hugging Face checkpoint directory (Qwen3, Qwen3-MoE, Gemma 3) instead.
   config.base_model = _base_model_config()
+  # Pre-training pool: 48 instances per family from seeds 1000, ... (the study checks that
+  # none is one of its held-out instances); the readout has to generalize to new pages.
+  config.base_model.num_train = 48
+  config.base_model.num_test = 0
+  config.base_model.split_seed = 1000
+  config.base_model.sft.num_steps = 2000
   config.base_model_dir = "results/base_model"
   config.model_dir = ""
   config.output_dir = "results/demo"

@@ -38,6 +38,7 @@ def load_base_model(cfg, *, log: results.Log | None = None):
   """`(model, tokenizer, directory)`: `cfg.model_dir` if set, else the built base model."""
   directory = cfg.model_dir
   if not directory:
+    check_held_out_unseen(cfg)
     directory = base_model_lib.build_base_model(base_model_config(cfg), cfg.base_model_dir,
                                                 log=log)
   if not os.path.isdir(directory):
@@ -49,14 +50,29 @@ def load_base_model(cfg, *, log: results.Log | None = None):
 
 
 def base_model_config(cfg):
-  """`cfg.base_model` with the study's families and split: the base model learns from the
-  study's training instances only, never from its held-out ones."""
+  """`cfg.base_model` over the study's families and discount.
+
+  The base model pre-trains on its own pool of instances (`cfg.base_model.num_train` drawn
+  from `cfg.base_model.split_seed`), which must not contain any of the study's held-out
+  instances: `run` checks that before building.
+  """
   c = cfg.base_model.copy_and_resolve_references()
   with c.unlocked():
     c.families = tuple(cfg.families)
-    c.num_train, c.num_test, c.split_seed = cfg.num_train, cfg.num_test, cfg.split_seed
     c.discount = cfg.discount
   return c
+
+
+def check_held_out_unseen(cfg) -> None:
+  """A clear error when the base model's pre-training pool holds a held-out instance."""
+  pool = base_model_lib.training_tasks(base_model_config(cfg))
+  for family in cfg.families:
+    _, test = mw.task_split(family, cfg.num_train, cfg.num_test, seed=cfg.split_seed)
+    seen = [t for t in test if t in pool[family]]
+    if seen:
+      raise ValueError(f"base_model.split_seed: the base model's pre-training instances of "
+                       f"{family} include {len(seen)} of the study's held-out instances; draw "
+                       f"the pool from another seed range (e.g. split_seed=1000)")
 
 
 def check_config(cfg) -> None:

@@ -42,6 +42,7 @@ def micro_config(tmp):
   cfg.lm.steps, cfg.lm.adapt_steps = 2, 1
   cfg.log_linear.steps, cfg.log_linear.adapt_steps = 10, 3
   cfg.base_model = load_config("base_model").get_config("micro")
+  cfg.base_model.num_train, cfg.base_model.num_test, cfg.base_model.split_seed = 3, 0, 1000
   cfg.base_model.sft.num_steps = 40
   cfg.base_model_dir = str(tmp / "base")
   cfg.output_dir = str(tmp / "out")
@@ -120,6 +121,11 @@ def test_config_errors_before_anything_runs(tmp_path):
     bad[field] = value
     with pytest.raises(ValueError, match=match):
       lm_study.run(bad)
+  # A pre-training pool that holds a held-out instance (seeds 0.. again).
+  bad = ml_collections.ConfigDict(cfg.to_dict())
+  bad.base_model.split_seed = cfg.split_seed
+  with pytest.raises(ValueError, match="held-out instances"):
+    lm_study.run(bad)
   bad = ml_collections.ConfigDict(cfg.to_dict())
   bad.model_dir = str(tmp_path / "missing")
   with pytest.raises(ValueError, match="model_dir"):
