@@ -138,6 +138,7 @@ def build_workload(directory: str, *, instances: int, states: int, vocab: int,
   pack_s = time.perf_counter() - t0
   info = dict(
       vocab=int(tok.vocab_size), states=states, instances=len(compiled),
+      instance_states=[int(c.harness.num_states) for c in compiled],
       candidates=int(tokens.num_outputs), prompt_length=int(tokens.prompt_ids.shape[-1]),
       prompt_mean=float(arrays["prompt_mask"].sum(-1).mean()),
       output_length=int(tokens.output_ids.shape[-1]),
@@ -235,14 +236,16 @@ def measure_harnax(directory: str, size: str, method: str, states: int, micro_ba
 
 # -- where the time goes (one thread) ----------------------------------------------------------
 
-CATEGORIES = ("matmuls", "attention kernel", "layout copies", "gather / scatter",
+CATEGORIES = ("matmuls", "attention kernel", "transposes & copies", "gather / scatter",
               "elementwise & reductions")
+TOP_OPS = 6
 
 
-def _hlo_kinds(hlo: str) -> dict[str, str]:
-  """Each instruction of an optimized HLO module -> a category of `CATEGORIES` (or None for
-  control flow, whose time is its children's)."""
-  bodies, opcodes, calls, current = {}, {}, {}, None
+def _hlo_kinds(hlo: str) -> dict[str, tuple[str | None, str]]:
+  """Each instruction of an optimized HLO module -> `(category, op name)`: a category of
+  `CATEGORIES` (None for control flow, whose time is its children's) and the jax op it
+  comes from (its `op_name` metadata, the enclosing jit/loop/call scopes dropped)."""
+  bodies, opcodes, calls, names, current = {}, {}, {}, {}, None
   for line in hlo.splitlines():
     head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
     if head:
@@ -251,12 +254,17 @@ def _hlo_kinds(hlo: str) -> dict[str, str]:
       continue
     inst = re.match(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$", line)
     if inst and current is not None:
+      name, rest = inst.groups()
       bodies[current].append(line)
-      op = re.search(r"\b([a-z][a-z0-9\-]*)\(", inst.group(2))
-      opcodes[inst.group(1)] = op.group(1) if op else ""
-      called = re.search(r"calls=%?([\w.\-]+)", inst.group(2))
+      op = re.search(r"\b([a-z][a-z0-9\-]*)\(", rest)
+      opcodes[name] = op.group(1) if op else ""
+      called = re.search(r"calls=%?([\w.\-]+)", rest)
       if called:
-        calls[inst.group(1)] = called.group(1)
+        calls[name] = called.group(1)
+      op_name = re.search(r'op_name="([^"]*)"', rest)
+      scopes = op_name.group(1).split("/") if op_name else [name]
+      names[name] = "/".join(x for x in scopes if not re.match(
+          r"^(jit\(step\)|while|body|cond|closed_call|checkpoint)$", x)) or name
 
   def kind(name: str, opcode: str):
     if opcode in ("while", "call", "conditional", "parameter", "tuple", "get-tuple-element",
@@ -268,10 +276,19 @@ def _hlo_kinds(hlo: str) -> dict[str, str]:
     if re.search(r"\b(gather|scatter|dynamic-slice|dynamic-update-slice)\(", text):
       return "gather / scatter"
     if re.search(r"\b(transpose|copy)\(", text) or name.startswith("copy"):
-      return "layout copies"
+      return "transposes & copies"
     return "elementwise & reductions"
 
-  return {name: kind(name, op) for name, op in opcodes.items()}
+  return {name: (kind(name, op), names[name]) for name, op in opcodes.items()}
+
+
+def _summary(items: dict[tuple[str, str], float], wall: float) -> dict:
+  """Seconds per category and the largest `(op, category, seconds)` items."""
+  out = dict.fromkeys(CATEGORIES, 0.0)
+  for (category, _), seconds in items.items():
+    out[category] += seconds
+  top = sorted(items.items(), key=lambda kv: -kv[1])[:TOP_OPS]
+  return dict(out, wall=wall, top=[(op, category, seconds) for (category, op), seconds in top])
 
 
 def harnax_breakdown(run, compiled) -> dict:
@@ -292,12 +309,12 @@ def harnax_breakdown(run, compiled) -> dict:
     with gzip.open(path) as f:
       trace = json.load(f)
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  out = dict.fromkeys(CATEGORIES, 0.0)
+  items: dict = {}
   for e in events:
-    category = kinds.get(e.get("name")) if e.get("ph") == "X" else None
+    category, op = kinds.get(e.get("name"), (None, "")) if e.get("ph") == "X" else (None, "")
     if category:
-      out[category] += e.get("dur", 0) / 1e6
-  return dict(out, wall=wall)
+      items[(category, op)] = items.get((category, op), 0.0) + e.get("dur", 0) / 1e6
+  return _summary(items, wall)
 
 
 def torch_breakdown(run) -> dict:
@@ -308,7 +325,7 @@ def torch_breakdown(run) -> dict:
     t0 = time.perf_counter()
     run()
     wall = time.perf_counter() - t0
-  out = dict.fromkeys(CATEGORIES, 0.0)
+  items: dict = {}
   for e in prof.key_averages():
     name = e.key.split("::")[-1]
     if name in ("mm", "addmm", "bmm", "baddbmm", "dot", "matmul", "linear"):
@@ -317,14 +334,14 @@ def torch_breakdown(run) -> dict:
       category = "attention kernel"
     elif name in ("copy_", "clone", "contiguous", "cat", "_to_copy", "transpose", "t",
                   "permute", "reshape", "view", "expand", "_unsafe_view", "as_strided"):
-      category = "layout copies"
+      category = "transposes & copies"
     elif ("gather" in name or "scatter" in name or "index" in name or "embedding" in name
           or name in ("slice", "select")):
       category = "gather / scatter"
     else:
       category = "elementwise & reductions"
-    out[category] += e.self_cpu_time_total / 1e6
-  return dict(out, wall=wall)
+    items[(category, e.key)] = items.get((category, e.key), 0.0) + e.self_cpu_time_total / 1e6
+  return _summary(items, wall)
 
 
 # -- torch (child process) -------------------------------------------------------------------
@@ -550,10 +567,12 @@ def write_report(path: str, *, info: dict, methods: dict, versus: dict, sweep: l
       "",
       "## Workload",
       "",
-      f"MiniWoB++ click-checkboxes, harness H5: the states of the first {info['instances']} "
-      f"training instance(s) of `task_split(\"click-checkboxes\", 4, 3, seed=0)` in order, "
-      f"prompts rendered with the chat template of a byte-level BPE tokenizer trained on the "
-      f"observations ({info['vocab']} tokens).",
+      f"MiniWoB++ click-checkboxes, harness H5: the first {info['instances']} training "
+      f"instance(s) of `task_split(\"click-checkboxes\", 4, 3, seed=0)` (with "
+      f"{', '.join(str(n) for n in info['instance_states'])} states), their states in order; "
+      f"a run with R states takes the first R. Prompts rendered with the chat template of a "
+      f"byte-level BPE tokenizer trained on these instances' observations and candidates "
+      f"({info['vocab']} tokens).",
       "",
       "| quantity | value |",
       "|---|---|",
@@ -642,10 +661,11 @@ def write_report(path: str, *, info: dict, methods: dict, versus: dict, sweep: l
               "timed ones). harnax: XLA thunks of the compiled step (jax profiler), by what "
               "their fused computation contains: a dot (`matmuls`, the attention's QK and PV "
               "included), else a gather/scatter/dynamic slice, else a transpose or copy "
-              "(`layout copies`), else elementwise ops and reductions (softmax, norms, "
-              "losses). torch: self CPU time per aten op (torch profiler); `attention kernel` "
-              "is SDPA's fused CPU kernel (QK, softmax, PV) with its backward. Share of the "
-              "profiled total in brackets.", "",
+              "(`transposes & copies`, with any elementwise ops fused into it), else "
+              "elementwise ops and reductions (softmax, norms, losses). torch: self CPU time "
+              "per aten op (torch profiler); `attention kernel` is SDPA's fused CPU kernel "
+              "(QK, softmax, PV) with its backward. Share of the profiled total in brackets.",
+              "",
               "| size | threads | framework | total | " + " | ".join(CATEGORIES) + " |",
               "|---|---|---|---|" + "---|" * len(CATEGORIES)]
     for (size, threads), br in profiled:
@@ -654,6 +674,18 @@ def write_report(path: str, *, info: dict, methods: dict, versus: dict, sweep: l
         total = sum(b[c] for c in CATEGORIES)
         lines.append(f"| {size} | {threads} | {name} | {_ms(total)} | " + " | ".join(
             f"{_ms(b[c])} ({100 * b[c] / total:.0f}%)" for c in CATEGORIES) + " |")
+    lines += ["", f"The {TOP_OPS} largest items of each profiled step: harnax by the jax op an "
+              "XLA thunk comes from (its `op_name`, summed over layers and micro-batches; "
+              "`transpose(jvp(...))` is that op's backward), torch by aten op.", "",
+              "| size | threads | framework | op | category | time | share |",
+              "|---|---|---|---|---|---|---|"]
+    for (size, threads), br in profiled:
+      for name in ("harnax", "torch"):
+        total = sum(br[name][c] for c in CATEGORIES)
+        for op, category, seconds in br[name]["top"]:
+          op = op if len(op) <= 70 else op[:67] + "..."
+          lines.append(f"| {size} | {threads} | {name} | `{op}` | {category} | {_ms(seconds)} | "
+                       f"{100 * seconds / total:.0f}% |")
 
   if sweep:
     base = sweep[0]
@@ -706,18 +738,31 @@ def _notes(versus: dict, skipped: set) -> list[str]:
                      "that waits for its slowest thread (torch's OpenMP) stalls whenever "
                      "one of its threads is descheduled; the minimum is the better estimate "
                      "of the unshared machine.")
+    one = versus.get((size, 1))
+    for name in ("harnax", "torch"):
+      if threads > 1 and one and res[f"{name}_min_s"] > one[f"{name}_min_s"]:
+        notes.append(
+            f"{size}: {name} with {_threads(threads)} is slower than with one (fastest step "
+            f"{_ms(res[f'{name}_min_s'])} against {_ms(one[f'{name}_min_s'])}): its threads "
+            "waited for cores that other processes held, so on this machine the "
+            f"{_threads(threads)} row measures robustness to sharing more than kernel speed.")
     if "breakdown" in res:
       b = res["breakdown"]
+      ratio = res["torch_median_s"] / res["harnax_median_s"]
       jt, tt = (sum(b[n][c] for c in CATEGORIES) for n in ("harnax", "torch"))
-      if jt > tt:
+      if ratio < TARGET_TORCH:
+        h = {c: f"{_ms(b['harnax'][c])} ({100 * b['harnax'][c] / jt:.0f}%)" for c in CATEGORIES}
+        t = {c: f"{_ms(b['torch'][c])} ({100 * b['torch'][c] / tt:.0f}%)" for c in CATEGORIES}
         notes.append(
-            f"{size}, {_threads(threads)}: harnax's profiled step is {jt / tt:.2f}x torch's. "
-            f"harnax spends {_ms(b['harnax']['matmuls'])} in matmuls (attention included) "
-            f"against torch's {_ms(b['torch']['matmuls'] + b['torch']['attention kernel'])} "
-            f"in matmuls and its fused attention kernel, and "
-            f"{_ms(b['harnax']['layout copies'])} in layout copies "
-            f"({100 * b['harnax']['layout copies'] / jt:.0f}% of its step; torch "
-            f"{_ms(b['torch']['layout copies'])}).")
+            f"{size}, {_threads(threads)}: harnax's step takes {1 / ratio:.2f}x torch's "
+            f"(medians; profiled: {_ms(jt)} against {_ms(tt)}). Matmuls: harnax "
+            f"{h['matmuls']}, the attention's included, against torch's matmuls "
+            f"{t['matmuls']} plus its fused attention kernel {t['attention kernel']}. "
+            f"Transposes and copies: harnax {h['transposes & copies']}, torch "
+            f"{t['transposes & copies']}. Gathers and scatters: harnax "
+            f"{h['gather / scatter']}, torch {t['gather / scatter']}. Elementwise and "
+            f"reductions: harnax {h['elementwise & reductions']}, torch "
+            f"{t['elementwise & reductions']}.")
   return notes
 
 
