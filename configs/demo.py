@@ -32,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The nine swaps of the harness-transfer study: each addition alone, and into the full H5.
   config.swaps = (("H0", "H1"), ("H0", "H2"), ("H0", "H3"), ("H0", "H4"), ("H0", "H5"),
                   ("H1", "H5"), ("H2", "H5"), ("H3", "H5"), ("H4", "H5"))
-  config.num_train = 4         # training instances per family (post-training and base model)
+  config.num_train = 3         # training instances per family (post-training)
   config.num_test = 3          # held-out instances (evaluation only)
   config.split_seed = 0
   config.discount = 0.9
@@ -41,10 +41,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.policies = ("lm", "log_linear")
 
   config.lm = ml_collections.ConfigDict()
-  config.lm.steps = 12         # exact policy-gradient steps per harness
-  config.lm.adapt_steps = 6    # steps along a swap, and for the continued-training control
+  config.lm.steps = 8          # exact policy-gradient steps per harness
+  config.lm.adapt_steps = 4    # steps along a swap, and for the continued-training control
   config.lm.learning_rate = 3e-4  # Adam; 1e-3 overshoots on the first step (docs/lm_policy.md)
-  config.lm.micro_batch = 32   # states per model micro-batch (bounds memory)
+  # States per model micro-batch: bounds memory; 8 is also the fastest on 2 CPU cores
+  # (benchmarks/results/lm_policy_gradient.md).
+  config.lm.micro_batch = 8
   # Every post-training run goes through harnax.train (docs/training.md): fields here override
   # its defaults (optimizer, schedule, grad_clip_norm, finetune="lora", compute_dtype, ...).
   config.lm.train = ml_collections.ConfigDict({"grad_clip_norm": 1.0})

@@ -16,6 +16,8 @@ each MiniWoB++ harness H0–H5 and reads every checkpoint through every harness.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from typing import Any
@@ -75,6 +77,13 @@ def check_held_out_unseen(cfg) -> None:
                        f"the pool from another seed range (e.g. split_seed=1000)")
 
 
+def runs_dir(cfg) -> str:
+  """`<output_dir>/runs/<config hash>`: a rerun of the same config resumes its post-training
+  runs (harnax.train's exact resume); another config starts its own."""
+  text = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+  return os.path.join(cfg.output_dir, "runs", hashlib.sha256(text.encode()).hexdigest()[:12])
+
+
 def check_config(cfg) -> None:
   """Clear errors for the config fields before anything is built."""
   unknown = [f for f in cfg.families if f not in mw.FAMILIES]
@@ -112,7 +121,7 @@ def run(cfg, *, log: results.Log | None = None) -> dict:
         policy = families.LMFamily(
             model, tokenizer, learning_rate=cfg.lm.learning_rate,
             micro_batch=cfg.lm.micro_batch, train_config=cfg.lm.get("train"),
-            workdir=(os.path.join(cfg.output_dir, "runs", family) if cfg.lm.get("keep_runs")
+            workdir=(os.path.join(runs_dir(cfg), family) if cfg.lm.get("keep_runs")
                      else None))
         steps, adapt = cfg.lm.steps, cfg.lm.adapt_steps
       else:

@@ -77,7 +77,7 @@ def test_post_training_curves_and_run_files(study):
   for h, curve in s.train_curves.items():
     assert curve.shape == (cfg.lm.steps,) and np.all(np.isfinite(curve)), h
   # Each post-training run went through harnax.train: one metrics line per step.
-  lines = (open(os.path.join(cfg.output_dir, "runs", "click-option", "H0", "metrics.jsonl"))
+  lines = (open(os.path.join(lm_study.runs_dir(cfg), "click-option", "H0", "metrics.jsonl"))
            .read().splitlines())
   records = [json.loads(x) for x in lines]
   assert [r["step"] for r in records] == list(range(cfg.lm.steps))
