@@ -131,6 +131,7 @@ def run(cfg, *, log: results.Log | None = None) -> dict:
           family, train, test, tau=cfg.tau, discount=cfg.discount, steps=steps,
           adapt_steps=adapt, harnesses=tuple(cfg.harnesses),
           swaps=tuple(tuple(s) for s in cfg.swaps), policy=policy, pi_ref=cfg.pi_ref,
+          controls=tuple(cfg.controls) if cfg.get("controls") is not None else None,
           log=lambda m, n=name: log(f"[{n}] {m}"))
   out["seconds"] = time.time() - t0
   return out

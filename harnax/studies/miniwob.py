@@ -243,7 +243,7 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
                learning_rate: float = 0.1, harnesses: Sequence[str] = harnesses_lib.HARNESSES,
                swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS,
                policy: families.PolicyFamily | None = None, pi_ref: str = "uniform",
-               log: Log | None = None) -> FamilyStudy:
+               controls: Sequence[str] | None = None, log: Log | None = None) -> FamilyStudy:
   """Trains one model per harness and measures every harness and swap (module doc).
 
   Args:
@@ -257,6 +257,8 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     policy: a `harnax.studies.families.PolicyFamily` (default: the log-linear model).
     pi_ref: the KL reference of every objective: `"uniform"` over the available actions,
       or `"base"`, the initial (pre-trained) model's own semantic policy under each harness.
+    controls: the source harnesses whose swaps get the continued-training control (the
+      source model trained `adapt_steps` more on its own harness); None: every source.
     log: receives one line per stage (progress of a run that takes minutes).
   """
   log = log or (lambda _: None)
@@ -322,7 +324,7 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     adapted[(names.index(a), names.index(b))] = _mean(
         evaluate(policy.semantic_policy(th, test_b[b]), test_b[b], tau))
     log(f"{family}: adapted {a} -> {b} ({adapt_steps} steps)")
-    if names.index(a) not in continued:
+    if names.index(a) not in continued and (controls is None or a in controls):
       # The control at the same budget: the source model trained further on its own harness.
       th, _ = policy.train(thetas[a], train_b[a], tau=tau, steps=adapt_steps, name=f"{a}+")
       continued_params[names.index(a)] = th
