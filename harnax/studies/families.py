@@ -33,9 +33,11 @@ import numpy as np
 from harnax import train as train_lib
 from harnax.core import evaluation
 from harnax.core import objectives
+from harnax.core import solvers
 from harnax.envs.miniwob import features as features_lib
 from harnax.envs.miniwob import harnesses as harnesses_lib
 from harnax.envs.miniwob.tasks import SUCCESS_REWARD
+from harnax.harness import readout
 from harnax.policies import lm
 from harnax.policies import log_linear
 
@@ -254,8 +256,9 @@ class LMFamily:
 
   def value_and_grad(self, params, batch, tau):
     """Exact `(J, grads, metrics)`: mean `J` over the batch's instances, its gradient with
-    respect to `params`, and metrics: the mean success within the episode cap, the ceiling
-    `C` and the mismatch `M = C - J` (means over instances)."""
+    respect to `params`, and metrics (means over instances): the success within the
+    episode cap, the ceiling `C`, the mismatch `M = C - J` and the centred score error
+    (`score_error_rms`)."""
     rows = lm.score_in_chunks(self._score, params, batch.inputs.tree,
                               micro_batch=self.micro_batch)
     tau = jnp.asarray(tau, batch.pi_ref.dtype)
@@ -319,4 +322,26 @@ def _tabular_value_and_grad(rows, index, mdp, decode_table, pi_ref, tau):
     return objective(lp, (mdp, decode_table, pi_ref, tau)), jax.lax.stop_gradient(success)
   (j, success), g = jax.value_and_grad(value, has_aux=True)(rows)
   ceiling = jnp.mean(jax.vmap(lambda m, r: objectives.ceiling(m, r, tau))(mdp, pi_ref))
-  return (j, {"success": success, "ceiling": ceiling, "mismatch": ceiling - j}), g
+  log_pol = lm.semantic_log_policy_from_outputs(
+      _to_grid(rows, index, decode_table.shape), decode_table, num_actions=pi_ref.shape[-1],
+      invalid="noop", noop_action=WAIT).astype(pi_ref.dtype)
+  err = jnp.mean(jax.vmap(lambda m, lp, r: score_error_rms(m, lp, r, tau))(mdp, log_pol, pi_ref))
+  return (j, {"success": success, "ceiling": ceiling, "mismatch": ceiling - j,
+              "score_error": err}), g
+
+
+def score_error_rms(mdp, log_policy: Array, pi_ref: Array, tau) -> Array:
+  """Root-mean-square centred score error of a policy, `[]`, weighted by its occupancy.
+
+  `eps(s, .) = c(tau log Pi(.|s) - tau log pi*(.|s))` over the available actions
+  (`harnax.harness.score_error`; docs/estimation.md §5), averaged over them and over states
+  drawn from the policy's normalized discounted occupancy `d_Pi`:
+  `sqrt(sum_s d_Pi(s) mean_{A_s} eps(s, a)^2)`. Zero iff `Pi = pi*` wherever it goes.
+  """
+  star = solvers.solve_soft_bellman(mdp, pi_ref, tau).policy
+  avail = pi_ref > 0
+  f_star = tau * jnp.log(jnp.where(avail, star, 1.0))
+  eps = readout.score_error(jnp.where(avail, log_policy, 0.0), f_star, pi_ref, tau)
+  per_state = jnp.sum(eps ** 2, -1) / jnp.maximum(jnp.sum(avail, -1), 1)
+  d = evaluation.occupancy(mdp, jnp.exp(log_policy))
+  return jnp.sqrt(jnp.sum(d * per_state))

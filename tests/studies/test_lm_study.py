@@ -82,6 +82,9 @@ def test_post_training_curves_and_run_files(study):
   records = [json.loads(x) for x in lines]
   assert [r["step"] for r in records] == list(range(cfg.lm.steps))
   assert all(0.0 <= r["success"] <= 1.0 for r in records)
+  assert all(r["score_error"] >= 0.0 and np.isfinite(r["score_error"]) for r in records)
+  np.testing.assert_allclose([r["mismatch"] for r in records],
+                             [r["ceiling"] - r["value"] for r in records], atol=1e-9)
   np.testing.assert_allclose([r["value"] for r in records], s.train_curves["H0"], rtol=1e-9)
 
 
@@ -130,3 +133,36 @@ def test_config_errors_before_anything_runs(tmp_path):
   bad.model_dir = str(tmp_path / "missing")
   with pytest.raises(ValueError, match="model_dir"):
     lm_study.run(bad)
+
+
+def test_score_error_metric_against_numpy():
+  import harnax as hx
+  s, a, tau, gamma = 5, 3, 0.4, 0.8
+  with jax.enable_x64(True):
+    mdp = hx.random_dense_mdp(jax.random.key(0), s, a, discount=gamma)
+    pi_ref = np.full((s, a), 1.0 / a)
+    pi_ref[1, 2] = 0.0
+    pi_ref /= pi_ref.sum(-1, keepdims=True)
+    pol = np.asarray(hx.random_policy(jax.random.key(1), pi_ref))
+    with np.errstate(divide="ignore"):                  # log 0 = -inf where unavailable
+      got = float(families.score_error_rms(mdp, np.log(pol), pi_ref, tau))
+  p, r, mu = (np.asarray(x, np.float64) for x in (mdp.transitions, mdp.rewards, mdp.initial))
+  avail = pi_ref > 0
+  v = np.zeros(s)                                       # soft value iteration, float64
+  for _ in range(2000):
+    q = r + gamma * p @ v
+    z = np.where(avail, pi_ref * np.exp((q - q.max(-1, keepdims=True)) / tau), 0.0)
+    v = q.max(-1) + tau * np.log(z.sum(-1))
+  star = z / z.sum(-1, keepdims=True)
+  ell = np.where(avail, np.log(np.where(avail, pol, 1.0)) - np.log(np.where(avail, star, 1.0)),
+                 0.0)
+  mean = ell.sum(-1, keepdims=True) / avail.sum(-1, keepdims=True)
+  eps = np.where(avail, tau * (ell - mean), 0.0)
+  per_state = (eps ** 2).sum(-1) / avail.sum(-1)
+  p_pi = np.einsum("sa,sat->st", pol, p)
+  d = (1 - gamma) * np.linalg.solve(np.eye(s) - gamma * p_pi.T, mu)
+  np.testing.assert_allclose(got, np.sqrt(d @ per_state), rtol=1e-8)
+  with jax.enable_x64(True):
+    with np.errstate(divide="ignore"):
+      zero = float(families.score_error_rms(mdp, np.log(star), pi_ref, tau))
+  assert zero < 1e-7
