@@ -35,7 +35,7 @@ stderr, the report to `--out` (default `benchmarks/results/lm_policy_gradient.md
 Usage::
 
   python benchmarks/lm_policy_gradient.py            # full run, about 10 minutes on 2 cores
-  python benchmarks/lm_policy_gradient.py --quick --out /tmp/lm_pg.md   # smoke test
+  python benchmarks/lm_policy_gradient.py --quick --out results/lm_pg.md   # smoke test
 """
 
 from __future__ import annotations
