@@ -321,24 +321,31 @@ def _tabular_value_and_grad(rows, index, mdp, decode_table, pi_ref, tau):
     success = jnp.mean(success_within(_semantic(lp, decode_table, pi_ref), mdp))
     return objective(lp, (mdp, decode_table, pi_ref, tau)), jax.lax.stop_gradient(success)
   (j, success), g = jax.value_and_grad(value, has_aux=True)(rows)
-  ceiling = jnp.mean(jax.vmap(lambda m, r: objectives.ceiling(m, r, tau))(mdp, pi_ref))
   log_pol = lm.semantic_log_policy_from_outputs(
       _to_grid(rows, index, decode_table.shape), decode_table, num_actions=pi_ref.shape[-1],
       invalid="noop", noop_action=WAIT).astype(pi_ref.dtype)
-  err = jnp.mean(jax.vmap(lambda m, lp, r: score_error_rms(m, lp, r, tau))(mdp, log_pol, pi_ref))
+
+  def per_instance(m, lp, r):  # one soft-Bellman solve serves C and pi*
+    sol = solvers.solve_soft_bellman(m, r, tau)
+    return (objectives.ceiling(m, r, tau, solution=sol),
+            score_error_rms(m, lp, r, tau, optimal=sol.policy))
+  ceilings, errors = jax.vmap(per_instance)(mdp, log_pol, pi_ref)
+  ceiling, err = jnp.mean(ceilings), jnp.mean(errors)
   return (j, {"success": success, "ceiling": ceiling, "mismatch": ceiling - j,
               "score_error": err}), g
 
 
-def score_error_rms(mdp, log_policy: Array, pi_ref: Array, tau) -> Array:
+def score_error_rms(mdp, log_policy: Array, pi_ref: Array, tau, *,
+                    optimal: Array | None = None) -> Array:
   """Root-mean-square centred score error of a policy, `[]`, weighted by its occupancy.
 
   `eps(s, .) = c(tau log Pi(.|s) - tau log pi*(.|s))` over the available actions
   (`harnax.harness.score_error`; docs/estimation.md §5), averaged over them and over states
   drawn from the policy's normalized discounted occupancy `d_Pi`:
   `sqrt(sum_s d_Pi(s) mean_{A_s} eps(s, a)^2)`. Zero iff `Pi = pi*` wherever it goes.
+  `optimal`: pi* when already solved (else solved here).
   """
-  star = solvers.solve_soft_bellman(mdp, pi_ref, tau).policy
+  star = optimal if optimal is not None else solvers.solve_soft_bellman(mdp, pi_ref, tau).policy
   avail = pi_ref > 0
   f_star = tau * jnp.log(jnp.where(avail, star, 1.0))
   eps = readout.score_error(jnp.where(avail, log_policy, 0.0), f_star, pi_ref, tau)
