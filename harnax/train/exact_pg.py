@@ -5,7 +5,8 @@ return `J(Pi_theta) = mu0^T (I - gamma P_Pi)^{-1} c_Pi` of a policy read through
 harness, whose gradient `jax.grad` gives exactly (a linear solve differentiated as a
 linear solve; docs/theory.md, "Exact policy gradient"). `fit` runs `num_steps` optax
 updates in one `lax.scan`, so one call is one compiled program, and reports `J` before
-every step.
+every step (and, with `keep_path`, the parameters before every step: the training
+trajectory a study evaluates checkpoint by checkpoint).
 
 `data` is an argument rather than a closure so that problems of one shape (the
 instances of a task family padded to one size, every harness of a family) share one
@@ -38,15 +39,19 @@ class FitResult(NamedTuple):
     params: the trained parameters (the best ones seen when `keep_best`).
     values: `[num_steps]`, `J` at the parameters *before* each step.
     final_value: scalar, `J(params)` of the returned parameters.
+    path: with `fit(..., keep_path=True)`, the parameters *before* each step, every leaf
+      stacked on a leading axis `[num_steps, ...]` (so `values[k] = J(path[k])`, and the
+      last parameters are `params` when `keep_best` is off); None otherwise.
   """
 
   params: Any
   values: Array
   final_value: Array
+  path: Any = None
 
 
 def fit(objective: Objective, params, data=None, *, optimizer: optax.GradientTransformation,
-        num_steps: int, keep_best: bool = False) -> FitResult:
+        num_steps: int, keep_best: bool = False, keep_path: bool = False) -> FitResult:
   """Maximizes `objective(params, data)` by `num_steps` optax updates of its exact gradient.
 
   Args:
@@ -57,9 +62,11 @@ def fit(objective: Objective, params, data=None, *, optimizer: optax.GradientTra
     num_steps: number of updates (0 returns `params` unchanged).
     keep_best: return the parameters with the largest `J` seen (including the final
       ones) instead of the last ones, so training never ends below where it started.
+    keep_path: also return the parameters before every step (`FitResult.path`); costs
+      `num_steps` copies of the parameters, so meant for small models.
 
   Returns:
-    `FitResult(params, values [num_steps], final_value)`.
+    `FitResult(params, values [num_steps], final_value, path)`.
   """
   if not callable(objective):
     raise ValueError(f"objective: expected a callable (params, data) -> J, got {objective!r}")
@@ -67,11 +74,11 @@ def fit(objective: Objective, params, data=None, *, optimizer: optax.GradientTra
     raise ValueError(f"optimizer: expected an optax GradientTransformation, got {optimizer!r}")
   if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
     raise ValueError(f"num_steps: expected a non-negative int, got {num_steps!r}")
-  return _fit(objective, optimizer, num_steps, bool(keep_best), params, data)
+  return _fit(objective, optimizer, num_steps, bool(keep_best), bool(keep_path), params, data)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _fit(objective, optimizer, num_steps, keep_best, params, data):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _fit(objective, optimizer, num_steps, keep_best, keep_path, params, data):
   value_and_grad = jax.value_and_grad(objective)
 
   def step(carry, _):
@@ -81,17 +88,19 @@ def _fit(objective, optimizer, num_steps, keep_best, params, data):
     better = v > best_v
     best_p = jax.tree.map(lambda new, old: jnp.where(better, new, old), p, best_p)
     best_v = jnp.where(better, v, best_v)
-    return (optax.apply_updates(p, updates), state, best_p, best_v), v
+    return (optax.apply_updates(p, updates), state, best_p, best_v), ((v, p) if keep_path else v)
 
   dtype = jnp.result_type(*jax.tree.leaves(params)) if jax.tree.leaves(params) else jnp.float32
   init = (params, optimizer.init(params), params, jnp.asarray(-jnp.inf, dtype))
-  (last, _, best_p, best_v), values = jax.lax.scan(step, init, None, length=num_steps)
+  (last, _, best_p, best_v), ys = jax.lax.scan(step, init, None, length=num_steps)
+  values, path = ys if keep_path else (ys, None)
   last_v = objective(last, data)
   if not keep_best:
-    return FitResult(params=last, values=values, final_value=last_v)
+    return FitResult(params=last, values=values, final_value=last_v, path=path)
   better = last_v >= best_v
   out = jax.tree.map(lambda a, b: jnp.where(better, a, b), last, best_p)
-  return FitResult(params=out, values=values, final_value=jnp.maximum(last_v, best_v))
+  return FitResult(params=out, values=values, final_value=jnp.maximum(last_v, best_v),
+                   path=path)
 
 
 @functools.lru_cache(maxsize=None)

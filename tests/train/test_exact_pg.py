@@ -73,3 +73,30 @@ def test_zero_steps_and_bad_options(problem):
     train.fit(_tabular_return, theta, problem, optimizer="adam", num_steps=1)
   with pytest.raises(ValueError, match="objective: expected a callable"):
     train.fit(None, theta, problem, optimizer=optax.adam(0.1), num_steps=1)
+
+
+def test_keep_path_records_the_parameters_before_every_step(problem):
+  mdp, pi_ref = problem
+  theta = jax.random.normal(jax.random.key(4), (6, 3))
+  lr = 0.2
+  out = train.fit(_tabular_return, theta, problem, optimizer=optax.sgd(lr), num_steps=4,
+                  keep_path=True)
+  assert out.path.shape == (4, 6, 3)
+  # Independent reference: SGD steps on the closed-form softmax policy gradient.
+  expected = [np.asarray(theta)]
+  for _ in range(4):
+    expected.append(expected[-1] + lr * np.asarray(
+        hx.softmax_policy_gradient(mdp, jnp.asarray(expected[-1]), pi_ref, TAU)))
+  np.testing.assert_allclose(out.path, np.stack(expected[:4]), atol=1e-10)
+  np.testing.assert_allclose(out.params, expected[4], atol=1e-10)
+  for k in range(4):
+    np.testing.assert_allclose(out.values[k], _tabular_return(out.path[k], problem), rtol=1e-12)
+  # Without the option: the same run, no path.
+  plain = train.fit(_tabular_return, theta, problem, optimizer=optax.sgd(lr), num_steps=4)
+  assert plain.path is None
+  np.testing.assert_allclose(plain.params, out.params, rtol=1e-12)
+  # A pytree of parameters keeps its structure, each leaf stacked on the step axis.
+  tree = train.fit(lambda p, d: _tabular_return(p["w"], d), {"w": theta}, problem,
+                   optimizer=optax.sgd(lr), num_steps=3, keep_path=True, keep_best=True)
+  assert tree.path["w"].shape == (3, 6, 3)
+  np.testing.assert_allclose(tree.path["w"], np.stack(expected[:3]), atol=1e-10)
