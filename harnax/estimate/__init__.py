@@ -8,6 +8,11 @@ Derivations, bias/variance facts and the proof of the log-odds bound:
 docs/estimation.md.
 """
 
+from harnax.estimate.agent_logs import ArgumentRule
+from harnax.estimate.agent_logs import CategoryTable
+from harnax.estimate.agent_logs import category_table
+from harnax.estimate.agent_logs import estimate_transcripts
+from harnax.estimate.agent_logs import read_transcripts
 from harnax.estimate.bootstrap import SampleEstimate
 from harnax.estimate.bootstrap import bootstrap_ci
 from harnax.estimate.bootstrap import standard_error
@@ -33,11 +38,13 @@ from harnax.estimate.proxy import Episode
 from harnax.estimate.proxy import HarnessEstimate
 from harnax.estimate.proxy import LogError
 from harnax.estimate.proxy import ParsedLogs
+from harnax.estimate.proxy import Step
 from harnax.estimate.proxy import coding_agent_category
 from harnax.estimate.proxy import decision_kl
 from harnax.estimate.proxy import proxy_estimates
 from harnax.estimate.proxy import rank_harnesses
 from harnax.estimate.proxy import read_episodes
+from harnax.estimate.proxy import source_lines
 from harnax.estimate.rank import average_ranks
 from harnax.estimate.rank import kendall_tau_b
 from harnax.estimate.rank import spearman
@@ -50,6 +57,11 @@ from harnax.estimate.sampling import state_histogram
 from harnax.estimate.sampling import total_variation
 
 __all__ = [
+    "ArgumentRule",
+    "CategoryTable",
+    "category_table",
+    "estimate_transcripts",
+    "read_transcripts",
     "SampleEstimate",
     "bootstrap_ci",
     "standard_error",
@@ -75,11 +87,13 @@ __all__ = [
     "HarnessEstimate",
     "LogError",
     "ParsedLogs",
+    "Step",
     "coding_agent_category",
     "decision_kl",
     "proxy_estimates",
     "rank_harnesses",
     "read_episodes",
+    "source_lines",
     "average_ranks",
     "kendall_tau_b",
     "spearman",

@@ -27,7 +27,12 @@ Log format: JSON Lines, one episode per line,
               "proxy_samples": ["pytest", ...]}, ...]}
 
 `actor` (default "policy") says who acted: C~ uses the proxy's episodes, M~
-the policy's (whose steps need both sample lists non-empty). Bad lines do not
+the policy's (whose steps need each side's samples non-empty, or its
+distribution). A step may give a side's distribution over outputs instead of
+(or besides) samples, `"policy_probs": {"cat a.py": 0.7, "pytest": 0.3}` and
+likewise `"proxy_probs"`: where the deployment exposes probabilities (a
+tabular model, an LM scoring a fixed set of outputs), the decision's KL then
+uses them exactly (no smoothing, no Miller–Madow on that side). Bad lines do not
 stop reading: `read_episodes` returns every parsed episode plus a `LogError`
 (line number, message) for every line it could not use; nothing is dropped
 silently (only whitespace-only lines are skipped). Pass `strict=True` to raise
@@ -80,9 +85,22 @@ def coding_agent_category(text: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
+  """One decision of a logged episode.
+
+  Attributes:
+    state: any identifier of the state (not used by the estimates).
+    policy_samples, proxy_samples: outputs sampled from each model at this
+      state (texts, mapped to categories by the categorizer).
+    policy_probs, proxy_probs: optional exact distributions over outputs, as
+      `((output, probability), ...)`; where given they replace that side's
+      samples in the decision's KL.
+  """
+
   state: object
   policy_samples: tuple
   proxy_samples: tuple
+  policy_probs: tuple | None = None
+  proxy_probs: tuple | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +127,9 @@ class ParsedLogs(NamedTuple):
   errors: list
 
 
-def _lines(source) -> Iterable[str]:
+def source_lines(source) -> Iterable[str]:
+  """The lines of `source`: a path, an open text file, a string with newlines, or an
+  iterable of lines."""
   if isinstance(source, (str, os.PathLike)) and not (isinstance(source, str) and "\n" in source):
     with open(source, encoding="utf-8") as f:
       yield from f
@@ -124,6 +144,21 @@ def _samples(step, key, i):
   if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
     raise ValueError(f"steps[{i}].{key}: expected a list of strings")
   return tuple(v)
+
+
+def _probs(step, key, i):
+  v = step.get(key)
+  if v is None:
+    return None
+  if (not isinstance(v, dict) or not v or not all(isinstance(k, str) for k in v)
+      or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                 and x >= 0 for x in v.values())):
+    raise ValueError(f"steps[{i}].{key}: expected a non-empty object of output -> probability "
+                     ">= 0")
+  if abs(sum(v.values()) - 1.0) > 1e-6:
+    raise ValueError(f"steps[{i}].{key}: expected probabilities summing to 1, got "
+                     f"{sum(v.values())!r}")
+  return tuple((k, float(x)) for k, x in v.items())
 
 
 def _parse_episode(obj, line) -> Episode:
@@ -147,10 +182,12 @@ def _parse_episode(obj, line) -> Episode:
     if not isinstance(st, dict):
       raise ValueError(f"steps[{i}]: expected an object")
     pol, prox = _samples(st, "policy_samples", i), _samples(st, "proxy_samples", i)
-    if actor == "policy" and (not pol or not prox):
-      raise ValueError(f"steps[{i}]: a policy episode needs non-empty policy_samples and "
-                       "proxy_samples at every decision")
-    steps.append(Step(state=st.get("state"), policy_samples=pol, proxy_samples=prox))
+    pol_p, prox_p = _probs(st, "policy_probs", i), _probs(st, "proxy_probs", i)
+    if actor == "policy" and ((not pol and pol_p is None) or (not prox and prox_p is None)):
+      raise ValueError(f"steps[{i}]: a policy episode needs non-empty policy_samples (or "
+                       "policy_probs) and proxy_samples (or proxy_probs) at every decision")
+    steps.append(Step(state=st.get("state"), policy_samples=pol, proxy_samples=prox,
+                      policy_probs=pol_p, proxy_probs=prox_p))
   return Episode(episode_id=str(obj["episode_id"]), harness=str(obj["harness"]), actor=actor,
                  outcome=float(outcome), steps=tuple(steps), line=line)
 
@@ -169,7 +206,7 @@ def read_episodes(source, *, strict: bool = False) -> ParsedLogs:
     unusable non-blank line (malformed JSON, missing or ill-typed fields).
   """
   episodes, errors = [], []
-  for n, raw in enumerate(_lines(source), start=1):
+  for n, raw in enumerate(source_lines(source), start=1):
     if not raw.strip():
       continue
     try:
@@ -210,24 +247,41 @@ class HarnessEstimate(NamedTuple):
   num_proxy_episodes: int
 
 
+def _categorize(text, categorizer, index, where):
+  c = categorizer(text)
+  if c not in index:
+    raise ValueError(f"categorizer: returned unknown category {c!r} for output {text!r} at "
+                     f"{where}; expected one of {tuple(index)}")
+  return c
+
+
 def _category_counts(samples, categorizer, index, where):
   counts = np.zeros(len(index))
   for text in samples:
-    c = categorizer(text)
-    if c not in index:
-      raise ValueError(f"categorizer: returned unknown category {c!r} for output {text!r} at "
-                       f"{where}; expected one of {tuple(index)}")
-    counts[index[c]] += 1
+    counts[index[_categorize(text, categorizer, index, where)]] += 1
   return counts
 
 
+def _category_probs(probs, categorizer, index, where):
+  out = np.zeros(len(index))
+  for text, pr in probs:
+    out[index[_categorize(text, categorizer, index, where)]] += pr
+  return out
+
+
 def decision_kl(policy_counts, proxy_counts, *, smoothing: float = 0.25,
-                miller_madow: bool = True) -> float:
+                miller_madow: bool = True, policy_exact: bool = False,
+                proxy_exact: bool = False) -> float:
   """`KL(p_hat || q~)` for one decision from category counts `[K]` each.
 
   `p_hat = policy_counts / N`; `q~ = (proxy_counts + alpha) / (N' + alpha K)`;
   with `miller_madow`, subtract `(k - 1)/(2N)` (k categories the policy used)
   and clip at 0.
+
+  With `policy_exact` (`proxy_exact`) that side's argument is a category
+  distribution `[K]` (summing to 1), used as it is: no Miller–Madow (no
+  smoothing) on that side. An exact proxy that gives probability 0 to a
+  category the policy uses makes the KL `inf`.
   """
   p = np.asarray(policy_counts, float)
   q = np.asarray(proxy_counts, float)
@@ -235,14 +289,20 @@ def decision_kl(policy_counts, proxy_counts, *, smoothing: float = 0.25,
     raise ValueError(f"proxy_counts: expected shape {list(p.shape)} like policy_counts")
   if p.sum() <= 0:
     raise ValueError("policy_counts: expected N >= 1 policy samples at a decision")
-  if smoothing < 0 or (smoothing == 0 and np.any((q == 0) & (p > 0))):
+  for name, x, exact in (("policy_counts", p, policy_exact), ("proxy_counts", q, proxy_exact)):
+    if np.any(x < 0) or (exact and abs(x.sum() - 1.0) > 1e-6):
+      raise ValueError(f"{name}: expected non-negative "
+                       f"{'probabilities summing to 1' if exact else 'counts'}")
+  if not proxy_exact and (smoothing < 0 or (smoothing == 0 and np.any((q == 0) & (p > 0)))):
     raise ValueError("smoothing: expected alpha > 0 (or alpha = 0 with every policy category "
                      "also produced by the proxy)")
   ph = p / p.sum()
-  qt = (q + smoothing) / (q.sum() + smoothing * q.size)
+  qt = q if proxy_exact else (q + smoothing) / (q.sum() + smoothing * q.size)
   pos = ph > 0
+  if np.any(qt[pos] == 0):
+    return float("inf")
   kl = float(np.sum(ph[pos] * np.log(ph[pos] / qt[pos])))
-  if miller_madow:
+  if miller_madow and not policy_exact:
     kl = max(kl - (np.count_nonzero(pos) - 1) / (2.0 * p.sum()), 0.0)
   return kl
 
@@ -300,9 +360,16 @@ def proxy_estimates(episodes: Sequence[Episode], *,
     total = 0.0
     for t, st in enumerate(ep.steps):
       where = f"episode {ep.episode_id!r} (line {ep.line}), decision {t}"
-      kl = decision_kl(_category_counts(st.policy_samples, categorizer, index, where),
-                       _category_counts(st.proxy_samples, categorizer, index, where),
-                       smoothing=smoothing, miller_madow=miller_madow)
+      pol_exact, prox_exact = st.policy_probs is not None, st.proxy_probs is not None
+      if (not st.policy_samples and not pol_exact) or (not st.proxy_samples and not prox_exact):
+        raise ValueError(f"episodes: {where} has no policy samples (or probabilities) or no "
+                         "proxy samples (or probabilities); a policy decision needs both")
+      p = (_category_probs(st.policy_probs, categorizer, index, where) if pol_exact
+           else _category_counts(st.policy_samples, categorizer, index, where))
+      q = (_category_probs(st.proxy_probs, categorizer, index, where) if prox_exact
+           else _category_counts(st.proxy_samples, categorizer, index, where))
+      kl = decision_kl(p, q, smoothing=smoothing, miller_madow=miller_madow,
+                       policy_exact=pol_exact, proxy_exact=prox_exact)
       rec["kl"].append(kl)
       total += discount ** t * kl
     rec["m"].append(tau * total)

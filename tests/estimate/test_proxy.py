@@ -99,3 +99,45 @@ def test_mismatch_accumulates_with_the_number_of_decisions():
   assert est["many"].mismatch == pytest.approx(3 * est["few"].mismatch)
   assert est["many"].decisions_per_episode == 6
   assert np.isnan(est["few"].ceiling)        # no proxy episodes logged
+
+
+def test_exact_distributions_replace_samples_and_match_numpy():
+  # Decision 1: the policy's exact distribution against the proxy's samples (smoothed);
+  # decision 2: samples against the proxy's exact distribution (no smoothing on that side).
+  steps = [{"state": 0, "policy_probs": {"cat a": 0.5, "ls": 0.25, "pytest": 0.25},
+            "proxy_samples": ["pytest", "pytest", "cat b"]},
+           {"state": 1, "policy_samples": ["pytest", "sure", "fine", "ok then"],
+            "proxy_probs": {"pytest": 0.5, "Plan: y": 0.3, "ok": 0.2}}]
+  parsed = proxy.read_episodes([json.dumps(_episode("e", steps=steps))])
+  assert parsed.errors == []
+  (ep,) = parsed.episodes
+  assert ep.steps[0].policy_probs == (("cat a", 0.5), ("ls", 0.25), ("pytest", 0.25))
+  # Categories (inspect_file, edit, run_command, plan, other); alpha = 1/4, K = 5.
+  p1 = np.array([0.75, 0, 0.25, 0, 0])
+  q1 = (np.array([1, 0, 2, 0, 0]) + 0.25) / (3 + 1.25)
+  kl1 = np.sum(p1[[0, 2]] * np.log(p1[[0, 2]] / q1[[0, 2]]))     # no Miller–Madow: exact p
+  p2, q2 = np.array([0.25, 0.75]), np.array([0.5, 0.2])      # run_command, other
+  kl2 = max(np.sum(p2 * np.log(p2 / q2)) - (2 - 1) / (2 * 4), 0.0)  # Miller–Madow on p
+  assert kl2 > 0.5
+  est = proxy.proxy_estimates(parsed.episodes, discount=0.5, tau=2.0)["h"]
+  assert est.mismatch == pytest.approx(2.0 * (kl1 + 0.5 * kl2), rel=1e-12)
+  # An exact proxy with no mass on a category the policy used: infinite KL.
+  assert proxy.decision_kl([1, 1], [1.0, 0.0], proxy_exact=True) == np.inf
+  assert proxy.decision_kl([0.5, 0.5], [0.5, 0.5], policy_exact=True,
+                           proxy_exact=True) == 0.0
+
+
+@pytest.mark.parametrize("probs,match", [
+    ({"a": 0.5, "b": 0.6}, "summing to 1"), ({"a": -0.5, "b": 1.5}, "probability >= 0"),
+    ([0.5, 0.5], "object of output"), ({}, "non-empty object"),
+    ({"a": True}, "probability >= 0"),
+])
+def test_bad_distributions_are_reported_on_their_line(probs, match):
+  step = {"state": 0, "policy_samples": ["ls"], "proxy_probs": probs}
+  parsed = proxy.read_episodes([json.dumps(_episode("e1")), json.dumps(_episode("e2",
+                                                                                steps=[step]))])
+  assert [e.episode_id for e in parsed.episodes] == ["e1"]
+  ((line, msg),) = parsed.errors
+  assert line == 2 and "steps[0].proxy_probs" in msg and match in msg
+  with pytest.raises(ValueError, match="proxy_counts: expected non-negative probabilities"):
+    proxy.decision_kl([1, 0], [0.7, 0.7], proxy_exact=True)
