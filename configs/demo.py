@@ -29,7 +29,12 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.families = ("click-checkboxes", "click-option", "click-tab-2")
   config.harnesses = ("H0", "H1", "H2", "H3", "H4", "H5")
-  # The nine swaps of the harness-transfer study: each addition alone, and into the full H5.
+  # Swaps to adapt along: "select" is the harness-transfer study's rule (of all 30 ordered
+  # pairs, those the frozen comparison rejects while T = ΔC + M_H(π) > 0), at most max_swaps
+  # of them (largest T first) to keep the demo's LM work as it was; "given": `swaps`, each
+  # addition alone and into the full H5.
+  config.swap_rule = "select"
+  config.max_swaps = 9
   config.swaps = (("H0", "H1"), ("H0", "H2"), ("H0", "H3"), ("H0", "H4"), ("H0", "H5"),
                   ("H1", "H5"), ("H2", "H5"), ("H3", "H5"), ("H4", "H5"))
   config.num_train = 2         # training instances per family (post-training)

@@ -33,6 +33,7 @@ from harnax.envs.miniwob import features as features_lib
 from harnax.envs.miniwob import harnesses as harnesses_lib
 from harnax.harness import interface
 from harnax.studies import families
+from harnax.studies import transfer_metrics
 
 Log = Callable[[str], None]
 PI_REFS = ("uniform", "base")
@@ -211,6 +212,17 @@ class FamilyStudy:
       (the initial model), `"adapted"` `{(i, j): rate}`, `"continued"` `{i: rate}`.
     optimal_return: `[n]`, pi*'s expected discounted raw reward (no KL term).
     num_train, num_test: instance counts.
+    selection: how `swaps` were chosen: `"select"` (the paper's rule on the frozen
+      matrix, `transfer_metrics.select_swaps`) or `"given"` (an explicit list).
+    max_swaps: the cap on the selected swaps (None: no cap).
+    errors: `[n, n]`, the centred score error (`families.score_error_rms`, occupancy-
+      weighted RMS against pi*) of model i read through harness j, mean over instances.
+    base_errors: `[n]`, the same of the initial (pre-trained) model on each harness.
+    adapted_errors: `{(i, j): error}` of model i adapted to harness j, on harness j.
+    decompositions: `{(i, j): summary}` for every adapted swap i -> j: the three-way
+      decomposition of model i's score error on harness j (`transfer_metrics.
+      decomposition_summary`, weighted by its occupancy on j).
+    reversal_decompositions: `[n]` summaries of model i on harness i with reversed fields.
   """
 
   family: str
@@ -232,6 +244,13 @@ class FamilyStudy:
   optimal_return: np.ndarray
   num_train: int
   num_test: int
+  selection: str = "given"
+  max_swaps: int | None = None
+  errors: np.ndarray | None = None
+  base_errors: np.ndarray | None = None
+  adapted_errors: dict = dataclasses.field(default_factory=dict)
+  decompositions: dict = dataclasses.field(default_factory=dict)
+  reversal_decompositions: list = dataclasses.field(default_factory=list)
 
 
 def _mean(scores: Scores) -> Scores:
@@ -241,7 +260,8 @@ def _mean(scores: Scores) -> Scores:
 def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
                discount: float = 0.9, steps: int = 200, adapt_steps: int = 100,
                learning_rate: float = 0.1, harnesses: Sequence[str] = harnesses_lib.HARNESSES,
-               swaps: Sequence[tuple[str, str]] = harnesses_lib.SWAPS,
+               swaps: Sequence[tuple[str, str]] | str = harnesses_lib.SWAPS,
+               max_swaps: int | None = None,
                policy: families.PolicyFamily | None = None, pi_ref: str = "uniform",
                controls: Sequence[str] | None = None, log: Log | None = None) -> FamilyStudy:
   """Trains one model per harness and measures every harness and swap (module doc).
@@ -253,7 +273,12 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     steps, adapt_steps: exact-gradient steps per harness, and to adapt along a swap (also
       the budget of the continued-training control).
     learning_rate: the log-linear family's step size (when `policy` is None).
-    harnesses, swaps: which harnesses, and which ordered pairs to adapt along.
+    harnesses: which harnesses.
+    swaps: the ordered pairs to adapt along, or `"select"`: the paper's rule, every pair
+      the frozen comparison rejects while `T > 0` (`transfer_metrics.select_swaps`, on the
+      held-out frozen matrix).
+    max_swaps: at most this many swaps (selected: those with the largest `T`; given: the
+      first ones); None: all. A cap for cheap configs.
     policy: a `harnax.studies.families.PolicyFamily` (default: the log-linear model).
     pi_ref: the KL reference of every objective: `"uniform"` over the available actions,
       or `"base"`, the initial (pre-trained) model's own semantic policy under each harness.
@@ -266,9 +291,15 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     raise ValueError(f"pi_ref: expected one of {PI_REFS}, got {pi_ref!r}")
   policy = policy if policy is not None else families.LogLinearFamily(learning_rate)
   names = tuple(harnesses)
-  for a, b in swaps:
+  select = isinstance(swaps, str)
+  if select and swaps != "select":
+    raise ValueError(f"swaps: expected 'select' or a sequence of (source, target) pairs, got "
+                     f"{swaps!r}")
+  for a, b in (() if select else swaps):
     if a not in names or b not in names:
       raise ValueError(f"swaps: ({a!r}, {b!r}) names a harness not in {names}")
+  if max_swaps is not None and (not isinstance(max_swaps, (int, np.integer)) or max_swaps < 0):
+    raise ValueError(f"max_swaps: expected None or a non-negative int, got {max_swaps!r}")
 
   def compiled(tasks, reverse=False):
     return {h: [harnesses_lib.compile_harness(t, h, discount=discount, reverse_fields=reverse)
@@ -307,30 +338,67 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
   def rate(pol, b):
     return float(np.mean(np.asarray(success_rate(pol, b))))
 
+  def read(params, b):
+    """`(log Pi, Pi)`, `[N, S, A]` each, from one pass of the model."""
+    log_pol = transfer_metrics.semantic_log_policy(policy, params, b)
+    return log_pol, jnp.exp(log_pol)
+
+  solve = jax.vmap(lambda m, r: solvers.solve_soft_bellman(m, r, tau))
+  sol = {h: solve(test_b[h].mdp, test_b[h].pi_ref) for h in names}
+  sol_r = {h: solve(test_rb[h].mdp, test_rb[h].pi_ref) for h in names}
+
+  def errors(log_pol, h, solution=None):
+    b, so = (test_b[h], sol[h]) if solution is None else solution
+    return float(np.mean(np.asarray(transfer_metrics.score_errors(
+        b.mdp, log_pol, b.pi_ref, so.policy, jnp.asarray(tau, b.pi_ref.dtype)))))
+
   # Each semantic policy is built once and both evaluated and rolled forward.
-  frozen_pol = [[policy.semantic_policy(thetas[hi], test_b[hj]) for hj in names]
-                for hi in names]
+  frozen_log = [[read(thetas[hi], test_b[hj]) for hj in names] for hi in names]
+  frozen_pol = [[p for _, p in row] for row in frozen_log]
   frozen = stack([[_mean(evaluate(frozen_pol[i][j], test_b[hj], tau))
                    for j, hj in enumerate(names)] for i in range(n)])
+  error_matrix = np.array([[errors(frozen_log[i][j][0], hj) for j, hj in enumerate(names)]
+                           for i in range(n)])
   reference = stack([[_mean(evaluate(test_b[h].pi_ref, test_b[h], tau)) for h in names]])
   reference = Scores(*(x[0] for x in reference))
-  base_scores = stack([[_mean(evaluate(policy.semantic_policy(base, test_b[h]), test_b[h], tau))
-                        for h in names]])
+  base_log = {h: read(base, test_b[h]) for h in names}
+  base_scores = stack([[_mean(evaluate(base_log[h][1], test_b[h], tau)) for h in names]])
   base_scores = Scores(*(x[0] for x in base_scores))
+  base_errors = np.array([errors(base_log[h][0], h) for h in names])
+  if select:
+    swaps = transfer_metrics.select_swaps(np.diagonal(frozen.ceiling),
+                                          np.diagonal(frozen.mismatch), frozen.value, names,
+                                          max_swaps=max_swaps)
+    log(f"{family}: the frozen comparison rejects {len(swaps)} swaps with T > 0"
+        + (f" (at most {max_swaps} kept)" if max_swaps is not None else ""))
+  elif max_swaps is not None:
+    swaps = tuple(swaps)[:max_swaps]
   adapted, continued, adapted_params, continued_params = {}, {}, {}, {}
+  adapted_pol, adapted_errors, decompositions = {}, {}, {}
   for a, b in swaps:
+    i, j = names.index(a), names.index(b)
     th, _ = policy.train(thetas[a], train_b[b], tau=tau, steps=adapt_steps, name=f"{a}->{b}")
-    adapted_params[(names.index(a), names.index(b))] = th
-    adapted[(names.index(a), names.index(b))] = _mean(
-        evaluate(policy.semantic_policy(th, test_b[b]), test_b[b], tau))
+    adapted_params[(i, j)] = th
+    log_pol, adapted_pol[(i, j)] = read(th, test_b[b])
+    adapted[(i, j)] = _mean(evaluate(adapted_pol[(i, j)], test_b[b], tau))
+    adapted_errors[(i, j)] = errors(log_pol, b)
+    decompositions[(i, j)] = _decomposition(
+        test_b[a], test_b[b], sol[a], sol[b], frozen_log[i][i][0], frozen_log[i][j][0],
+        [transfer_metrics.action_map(ca.harness.action_names, cb.harness.action_names,
+                                     shape[1]) for ca, cb in zip(test_c[a], test_c[b])], tau)
     log(f"{family}: adapted {a} -> {b} ({adapt_steps} steps)")
-    if names.index(a) not in continued and (controls is None or a in controls):
+    if i not in continued and (controls is None or a in controls):
       # The control at the same budget: the source model trained further on its own harness.
       th, _ = policy.train(thetas[a], train_b[a], tau=tau, steps=adapt_steps, name=f"{a}+")
-      continued_params[names.index(a)] = th
-      continued[names.index(a)] = _mean(
-          evaluate(policy.semantic_policy(th, test_b[a]), test_b[a], tau))
-  reversed_pol = [policy.semantic_policy(thetas[h], test_rb[h]) for h in names]
+      continued_params[i] = th
+      continued[i] = _mean(evaluate(policy.semantic_policy(th, test_b[a]), test_b[a], tau))
+  reversed_log = [read(thetas[h], test_rb[h]) for h in names]
+  reversed_pol = [p for _, p in reversed_log]
+  identity = np.arange(shape[1], dtype=np.int32)
+  reversal_decompositions = [
+      _decomposition(test_b[h], test_rb[h], sol[h], sol_r[h], frozen_log[i][i][0],
+                     reversed_log[i][0], [identity] * len(test_tasks), tau)
+      for i, h in enumerate(names)]
   reversed_frozen = stack([[_mean(evaluate(pol, test_rb[h], tau))
                             for pol, h in zip(reversed_pol, names)]])
   reversed_frozen = Scores(*(x[0] for x in reversed_frozen))
@@ -340,28 +408,25 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
       "frozen": np.array([[rate(frozen_pol[i][j], test_b[hj]) for j, hj in enumerate(names)]
                           for i in range(n)]),
       "reference": np.array([rate(test_b[h].pi_ref, test_b[h]) for h in names]),
-      "base": np.array([rate(policy.semantic_policy(base, test_b[h]), test_b[h])
-                        for h in names]),
+      "base": np.array([rate(base_log[h][1], test_b[h]) for h in names]),
       "continued": {i: rate(policy.semantic_policy(th, test_b[names[i]]), test_b[names[i]])
                     for i, th in continued_params.items()},
-      "adapted": {k: rate(policy.semantic_policy(th, test_b[names[k[1]]]), test_b[names[k[1]]])
-                  for k, th in adapted_params.items()},
+      "adapted": {k: rate(pol, test_b[names[k[1]]]) for k, pol in adapted_pol.items()},
       "reversed": np.array([rate(pol, test_rb[h]) for pol, h in zip(reversed_pol, names)])}
-  solve = jax.vmap(lambda m, r: solvers.solve_soft_bellman(m, r, tau).policy)
   optimal, optimal_return = [], []
   unchanged, flips = True, []
   for h in names:
-    b, br = test_b[h], test_rb[h]
-    pol = solve(b.mdp, b.pi_ref)
+    b = test_b[h]
+    pol = sol[h].policy
     optimal.append(rate(pol, b))
     # With pi_ref = pi the KL term vanishes: this is the plain discounted return.
     optimal_return.append(float(np.mean(np.asarray(jax.vmap(
         lambda m, p: evaluation.evaluate_policy(m, p, p, tau).value)(b.mdp, pol)))))
     # Field reversal: the optimum's decisions stay, the model's top output moves.
     unchanged &= bool(np.array_equal(np.argmax(np.asarray(pol), -1),
-                                     np.argmax(np.asarray(solve(br.mdp, br.pi_ref)), -1)))
+                                     np.argmax(np.asarray(sol_r[h].policy), -1)))
     top, top_r = (np.argmax(np.asarray(policy.output_log_probs(thetas[h], x)), -1)
-                  for x in (b, br))
+                  for x in (b, test_rb[h]))
     live = np.array([[st < c.done_state for st in range(shape[0])] for c in test_c[h]])
     flips.append(float(np.sum((top != top_r) & live) / np.sum(live)))
   success["optimal"] = np.array(optimal)
@@ -373,7 +438,25 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
       policy=policy.name, pi_ref=pi_ref, train_curves={h: np.asarray(c) for h, c in curves.items()},
       optimal_decisions_unchanged=unchanged, decision_flips=np.array(flips),
       reversed_frozen=reversed_frozen, success=success, optimal_return=np.array(optimal_return),
-      num_train=len(train_tasks), num_test=len(test_tasks))
+      num_train=len(train_tasks), num_test=len(test_tasks),
+      selection="select" if select else "given", max_swaps=max_swaps, errors=error_matrix,
+      base_errors=base_errors, adapted_errors=adapted_errors, decompositions=decompositions,
+      reversal_decompositions=reversal_decompositions)
+
+
+def _decomposition(source, target, source_solution, target_solution, source_log_policy,
+                   target_log_policy, action_maps, tau) -> dict:
+  """The three-way split of one checkpoint's score error on `target` (module doc), summarized
+  by RMS norms weighted by the checkpoint's occupancy on `target`; also the occupancy mass
+  on the states with a counterpart and at least two common actions (`coverage`)."""
+  dec = transfer_metrics.batch_decomposition(
+      source_solution.scores, target_solution.scores, source_log_policy, target_log_policy,
+      source.pi_ref, target.pi_ref, np.stack(action_maps), tau)
+  weights = transfer_metrics.occupancies(target.mdp, jnp.exp(target_log_policy))
+  out = transfer_metrics.decomposition_summary(dec, weights)
+  live = np.sum(np.asarray(dec.common), -1) >= 2
+  out["coverage"] = float(np.mean(np.sum(np.where(live, np.asarray(weights), 0.0), -1)))
+  return out
 
 
 def swap_rows(study: FamilyStudy, swaps: Sequence[tuple[str, str]] | None = None
@@ -381,7 +464,9 @@ def swap_rows(study: FamilyStudy, swaps: Sequence[tuple[str, str]] | None = None
   """The swap quantities of the harness layer (docs/harness.md) per swap H -> H'.
 
   `T = ΔC + M_H(pi)`; the frozen change is `J_H'(pi read through H') - J_H(pi)`;
-  the realized gain is `J_H'(pi adapted) - J_H(pi)`. `swaps` defaults to the study's own.
+  the realized gain is `J_H'(pi adapted) - J_H(pi)`, and `gain_vs_continued` is
+  `J_H'(pi adapted) - J_H(pi trained as long on H)` (NaN without that control); `selected`:
+  the paper's rule, frozen change < 0 and T > 0. `swaps` defaults to the study's own.
   """
   names = study.harnesses
   rows = []
@@ -391,9 +476,18 @@ def swap_rows(study: FamilyStudy, swaps: Sequence[tuple[str, str]] | None = None
     dc = f.ceiling[j, j] - f.ceiling[i, i]
     t = dc + f.mismatch[i, i]
     ad = study.adapted.get((i, j))
+    ctl = study.continued.get(i)
+    frozen_change = f.value[i, j] - f.value[i, i]
     rows.append(dict(
         swap=f"{a} → {b}", delta_ceiling=dc, source_mismatch=f.mismatch[i, i], threshold=t,
-        frozen_change=f.value[i, j] - f.value[i, i], frozen_mismatch=f.mismatch[i, j],
+        frozen_change=frozen_change, frozen_mismatch=f.mismatch[i, j],
         adapted_mismatch=ad.mismatch if ad else np.nan,
-        realized_gain=(ad.value - f.value[i, i]) if ad else np.nan))
+        realized_gain=(ad.value - f.value[i, i]) if ad else np.nan,
+        gain_vs_continued=(ad.value - ctl.value) if ad and ctl else np.nan,
+        selected=bool(frozen_change < 0 < t)))
   return rows
+
+
+def all_pairs(study: FamilyStudy) -> tuple[tuple[str, str], ...]:
+  """Every ordered pair of distinct harnesses of the study (30 for H0–H5)."""
+  return tuple((a, b) for a in study.harnesses for b in study.harnesses if a != b)

@@ -37,7 +37,7 @@ def micro_config(tmp):
   cfg = load_config("demo").get_config()
   cfg.families = ("click-option",)
   cfg.harnesses = ("H0", "H1", "H4")
-  cfg.swaps = (("H0", "H1"), ("H0", "H4"))
+  cfg.swap_rule, cfg.swaps = "given", (("H0", "H1"), ("H0", "H4"))
   cfg.num_train, cfg.num_test = 2, 2
   cfg.lm.steps, cfg.lm.adapt_steps = 2, 1
   cfg.log_linear.steps, cfg.log_linear.adapt_steps = 10, 3
