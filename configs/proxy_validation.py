@@ -17,19 +17,18 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.families = ("click-checkboxes", "click-option", "click-tab-2")
-  config.num_train = 12            # training instances (the frozen H0 model, trained proxies)
-  config.num_test = 6              # held-out instances the harnesses are ranked on
+  config.num_train = 6             # training instances (the frozen H0 model, trained proxies)
+  config.num_test = 4              # held-out instances the harnesses are ranked on
   config.split_seed = 0
   config.discount = 0.9
   config.tau = 0.1
-  config.steps = 200               # exact-gradient steps of the frozen policy on H0
+  config.steps = 100               # exact-gradient steps of the frozen policy on H0
   config.learning_rate = 0.1
   # Proxy quality, best first: the exact soft optimum, pi* mixed with the uniform reference,
   # and log-linear models trained k steps on each harness's own training instances.
-  config.proxies = ("optimal", "mix:0.25", "mix:0.5", "mix:0.75", "mix:1.0", "trained:200",
-                    "trained:20")
+  config.proxies = ("optimal", "mix:0.25", "mix:0.5", "mix:0.75", "mix:1.0", "trained:100")
   config.category_maps = ("coarse", "action")   # common categories, or the actions themselves
-  config.proxy_access = ("samples",)            # add "probs": the proxy's exact distribution
+  config.proxy_access = ("samples", "probs")    # proxy samples, or its exact distribution
   config.num_seeds = 10
   config.episodes_per_instance = 10             # the frozen policy's episodes (for M~)
   config.proxy_episodes_per_instance = 10       # the proxy's episodes (for C~)

@@ -138,10 +138,15 @@ def _draw(rng, rows, n):
   return np.minimum((cum[:, None, :] <= u[..., None]).sum(-1), rows.shape[-1] - 1)
 
 
+def _named(names, row):
+  return tuple((names[k], float(row[k])) for k in np.flatnonzero(row > 0))
+
+
 def sample_episodes(rng: np.random.Generator, compiled: mw.CompiledHarness, policy, proxy_policy,
                     *, tau: float, num_episodes: int, horizon: int, actor: str = "policy",
                     policy_samples: int = 8, proxy_samples: int = 8,
-                    proxy_access: str = "samples", episode_prefix: str = "e") -> list:
+                    proxy_access: str = "samples", policy_access: str = "samples",
+                    episode_prefix: str = "e") -> list:
   """Episodes of one compiled instance, as `proxy.Episode`s (samples are action names).
 
   Args:
@@ -156,6 +161,8 @@ def sample_episodes(rng: np.random.Generator, compiled: mw.CompiledHarness, poli
     policy_samples, proxy_samples: samples per decision (the executed action is the
       first policy sample).
     proxy_access: `"samples"`, or `"probs"` (the proxy's exact distribution is logged).
+    policy_access: the same for the deployed policy's side (the executed action is
+      still sampled).
     episode_prefix: episode ids are `f"{episode_prefix}{i}"`.
 
   Returns:
@@ -163,8 +170,9 @@ def sample_episodes(rng: np.random.Generator, compiled: mw.CompiledHarness, poli
   """
   if actor not in ("policy", "proxy"):
     raise ValueError(f"actor: expected 'policy' or 'proxy', got {actor!r}")
-  if proxy_access not in PROXY_ACCESS:
-    raise ValueError(f"proxy_access: expected one of {PROXY_ACCESS}, got {proxy_access!r}")
+  for name, v in (("proxy_access", proxy_access), ("policy_access", policy_access)):
+    if v not in PROXY_ACCESS:
+      raise ValueError(f"{name}: expected one of {PROXY_ACCESS}, got {v!r}")
   for name, v in (("num_episodes", num_episodes), ("horizon", horizon),
                   ("policy_samples", policy_samples), ("proxy_samples", proxy_samples)):
     if not isinstance(v, (int, np.integer)) or v < 1:
@@ -195,12 +203,12 @@ def sample_episodes(rng: np.random.Generator, compiled: mw.CompiledHarness, poli
     if actor == "policy":
       for i in np.flatnonzero(alive):
         st = int(s[i])
-        probs = (tuple((names[k], float(q[st, k])) for k in np.flatnonzero(q[st] > 0))
-                 if proxy_access == "probs" else None)
+        probs = (_named(names, q[st]) if proxy_access == "probs" else None)
+        pol_probs = (_named(names, pol[st]) if policy_access == "probs" else None)
         steps[i].append(proxy.Step(
             state=st, policy_samples=tuple(names[k] for k in pol_draws[i]),
             proxy_samples=() if probs else tuple(names[k] for k in prox_draws[i]),
-            proxy_probs=probs))
+            policy_probs=pol_probs, proxy_probs=probs))
     nxt = _draw(rng, trans[s, act], 1)[:, 0]
     s = np.where(alive, nxt, s)
   return [proxy.Episode(episode_id=f"{episode_prefix}{i}", harness=compiled.spec.name,
@@ -491,24 +499,46 @@ def render(cfg, result: dict) -> str:
   lines += [results.markdown_table(header, rows), ""]
   for fam, st in fams.items():
     rec = recovery(st)
-    lines += [f"## {fam}", "", "Exact values of the frozen policy and the estimates of the "
-              "first seed with the first proxy and category map:", ""]
     p, m, a = next(iter(rec))
-    est = st.estimates[(p, m, a, 0)]
+    mean = mean_estimates(st, p, m, a)
+    names = st.harnesses
+    lines += [f"## {fam}", "", f"Exact values of the frozen policy; estimates with proxy "
+              f"{_key_name(p, m, a)}, means over seeds.", ""]
     header = ["harness", "C", "M", "J (truth)", "J(proxy)", "C̃", "M̃", "limit M̃", "C̃ − M̃",
               "M̃ per decision", "decisions / episode", "expected decisions"]
     rows = [[h, _f(st.exact["ceiling"][i]), _f(st.exact["mismatch"][i]),
-             _f(st.exact["value"][i]), _f(st.proxy_value[p][i]), _f(est[h].ceiling),
-             _f(est[h].mismatch), _f(st.limit_mismatch[(p, m)][i]), _f(est[h].score),
-             f"{est[h].mismatch_per_decision:.4f}", f"{est[h].decisions_per_episode:.2f}",
-             f"{st.expected_decisions[i]:.2f}"] for i, h in enumerate(st.harnesses)]
-    lines += [f"Proxy {_key_name(p, m, a)}.", "", results.markdown_table(header, rows), ""]
-    header = ["proxy · categories · access", "gap"] + [f"{r}: exact / ρ" for r in RANKERS]
+             _f(st.exact["value"][i]), _f(st.proxy_value[p][i]), _f(mean["ceiling"][i]),
+             _f(mean["mismatch"][i]), _f(st.limit_mismatch[(p, m)][i]), _f(mean["score"][i]),
+             f"{mean['mismatch_per_decision'][i]:.4f}",
+             f"{mean['decisions_per_episode'][i]:.2f}", f"{st.expected_decisions[i]:.2f}"]
+            for i, h in enumerate(names)]
+    dec, per, acc = (mean[k] for k in ("decisions_per_episode", "mismatch_per_decision",
+                                       "mismatch"))
+    lines += [results.markdown_table(header, rows), "",
+              f"Decisions per episode range {dec.min():.1f}–{dec.max():.1f} "
+              f"({dec.max() / dec.min():.1f}×); most decisions: {names[int(np.argmax(dec))]}; "
+              f"largest M̃ per decision: {names[int(np.argmax(per))]}; largest accumulated "
+              f"M̃: {names[int(np.argmax(acc))]}. Truth order (exact J): "
+              f"{' > '.join(names[i] for i in np.argsort(-st.exact['value'], kind='stable'))}.",
+              ""]
+    header = ["proxy · categories · access", "gap"] + [f"{r}: exact / ρ" for r in RANKERS] + [
+        "limit C̃ − M̃: exact / ρ"]
     rows = [[_key_name(*k), _f(proxy_gap(st, k[0]))]
             + [f"{100 * r_[r]['exact']:.0f} % / {r_[r]['spearman']:+.2f}" for r in RANKERS]
+            + [f"{100 * r_['limit']['score']['exact']:.0f} % / "
+               f"{r_['limit']['score']['spearman']:+.2f}"]
             for k, r_ in rec.items()]
     lines += [results.markdown_table(header, rows), ""]
   return "\n".join(lines)
+
+
+def mean_estimates(study: FamilyValidation, p: str, m: str, a: str) -> dict:
+  """`{field: [n]}` of the `HarnessEstimate` fields, means over seeds, for one condition."""
+  ests = [est for k, est in study.estimates.items() if k[:3] == (p, m, a)]
+  fields = ("ceiling", "mismatch", "score", "mismatch_per_decision", "decisions_per_episode",
+            "realized")
+  return {f: np.array([np.mean([getattr(e[h], f) for e in ests]) for h in study.harnesses])
+          for f in fields}
 
 
 def pooled_recovery(result: dict) -> dict:
