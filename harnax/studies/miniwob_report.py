@@ -343,7 +343,9 @@ def render(cfg, result) -> str:
               "harness):", "", selected_table(s), "",
               "The nine single-addition swaps (each addition alone, and into H5), for "
               "reference (— where that swap was not adapted):", "",
-              swap_table(miniwob.swap_rows(s, harnesses_lib.SWAPS)), "",
+              swap_table(miniwob.swap_rows(s, [(a, b) for a, b in harnesses_lib.SWAPS
+                                                if a in s.harnesses and b in s.harnesses])),
+              "",
               "### Geometric error: checkpoint × harness", "",
               "Occupancy-weighted RMS centred score error against π* (docs/estimation.md §5) "
               "of each checkpoint read through each harness; * marks each row's lowest:", "",

@@ -9,6 +9,7 @@ import harnax as hx
 from harnax import harness as hh
 from harnax.envs import miniwob as mw
 from harnax.envs.miniwob import features as fe
+from harnax.studies import families
 from harnax.studies import miniwob as st
 
 TAU = 0.1
@@ -129,3 +130,112 @@ def test_study_reports_success_and_optimal_return(option_study):
   assert np.all((0 <= s.success["frozen"]) & (s.success["frozen"] <= 1))
   # pi*'s plain return lies between the ceiling (which pays the KL) and 1.
   assert np.all(s.optimal_return >= s.ceiling - 1e-9) and np.all(s.optimal_return <= 1.0)
+
+
+# -- the paper's selection rule and the per-checkpoint metrics ----------------------------------
+
+SUBSET = ("H0", "H1", "H3", "H4")
+
+
+@pytest.fixture(scope="module")
+def select_study():
+  with jax.enable_x64(True):
+    train, test = mw.task_split("click-option", 2, 2, seed=11)
+    return st.run_family("click-option", train, test, tau=TAU, steps=15, adapt_steps=4,
+                         learning_rate=0.2, harnesses=SUBSET, swaps="select"), train, test
+
+
+def test_select_adapts_exactly_the_rejected_swaps_with_positive_threshold(select_study):
+  s, _, _ = select_study
+  f, n = s.frozen, len(SUBSET)
+  want = [(i, j) for i in range(n) for j in range(n) if i != j
+          and f.value[i, j] - f.value[i, i] < 0
+          and f.ceiling[j, j] - f.ceiling[i, i] + f.mismatch[i, i] > 0]
+  assert s.selection == "select" and sorted(s.adapted) == want
+  assert s.swaps == tuple((SUBSET[i], SUBSET[j]) for i, j in want)
+  rows = st.swap_rows(s, st.all_pairs(s))
+  assert len(rows) == n * (n - 1)
+  assert [r["swap"] for r in rows if r["selected"]] == [f"{a} → {b}" for a, b in s.swaps]
+  for r in rows:
+    if r["selected"]:  # every source got the continued control (controls=None)
+      a = SUBSET.index(r["swap"].split(" → ")[0])
+      assert r["gain_vs_continued"] == pytest.approx(
+          r["realized_gain"] + f.value[a, a] - s.continued[a].value)
+  assert set(s.decompositions) == set(s.adapted) == set(s.adapted_errors)
+
+
+def test_error_matrix_cell_matches_the_unpadded_reference(select_study):
+  s, train, test = select_study
+  batch = st.pad_batch([mw.compile_harness(t, "H0") for t in train])
+  theta, _ = st.train(batch, tau=TAU, steps=15, learning_rate=0.2)
+  errs = []
+  for t in test:
+    h = mw.compile_harness(t, "H1").harness
+    logp = jax.nn.log_softmax(jnp.asarray(fe.harness_features(mw.compile_harness(t, "H1")))
+                              @ theta, axis=-1)
+    log_pol = hh.semantic_log_policy(h, logp, invalid="noop")
+    errs.append(float(families.score_error_rms(h.mdp, log_pol, h.pi_ref, TAU)))
+  assert s.errors[0, 1] == pytest.approx(np.mean(errs), rel=1e-6)
+  assert s.errors.shape == (len(SUBSET),) * 2 and np.all(s.errors > 0)
+  # The base model (zero weights): every output equally likely.
+  base = []
+  for t in test:
+    c = mw.compile_harness(t, "H3")
+    o = c.harness.num_outputs
+    log_pol = hh.semantic_log_policy(c.harness, np.full((c.harness.num_states, o), -np.log(o)),
+                                     invalid="noop")
+    base.append(float(families.score_error_rms(c.harness.mdp, log_pol, c.harness.pi_ref, TAU)))
+  assert s.base_errors[2] == pytest.approx(np.mean(base), rel=1e-6)
+
+
+def test_reversal_decomposition_moves_only_the_readout(select_study):
+  s, _, _ = select_study
+  for d in s.reversal_decompositions:
+    assert d["target_shift"] == 0.0            # same MDP, same pi_ref: F* does not move
+    assert d["readout_drift"] > 0.0 and 0.0 < d["coverage"] <= 1.0
+  # H4 only adds instructions: its swaps from H0 shift no target either.
+  if (0, 3) in s.decompositions:
+    assert s.decompositions[(0, 3)]["target_shift"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_report_sections_and_metrics_of_a_selected_study(select_study):
+  import json
+
+  import ml_collections
+
+  from harnax.studies import miniwob_report as rep
+  s, _, _ = select_study
+  cfg = ml_collections.ConfigDict(dict(
+      families=("click-option",), num_train=2, num_test=2, split_seed=11, discount=0.9,
+      tau=TAU, steps=15, adapt_steps=4, swap_rule="select", max_swaps=None))
+  result = {"families": {"click-option": s}, "by_pi_ref": {"uniform": {"click-option": s}},
+            "seconds": 1.0}
+  text = rep.render(cfg, result)
+  for heading in ("### Swaps", "### Geometric error: checkpoint × harness",
+                  "### Three-way decomposition", "### Rankings of the harnesses",
+                  "## The reference policy π_ref"):
+    assert heading in text
+  assert "(paper: 9)" in text and "paper 7 / 7" in text and "69.0 % to 90.0 %" in text
+  assert sum(line.startswith("| from H") for line in text.splitlines()) == len(SUBSET)
+  m = json.loads(json.dumps(rep.metrics(result)))
+  fam = m["families"]["click-option"]
+  assert fam["selection"]["num_pairs"] == 12
+  assert fam["selection"]["num_selected"] == len(s.swaps)
+  np.testing.assert_allclose(fam["errors"]["matrix"], s.errors)
+  assert set(fam["rankings"]) == {"base model", "π_H0, frozen", "own checkpoints"}
+
+
+def test_selection_bad_input():
+  tasks = [mw.sample_task("click-option", 0)]
+  kw = dict(steps=1, adapt_steps=1, harnesses=("H0", "H1"))
+  with pytest.raises(ValueError, match="swaps: expected 'select' or a sequence"):
+    st.run_family("click-option", tasks, tasks, swaps="all", **kw)
+  with pytest.raises(ValueError, match="max_swaps: expected None or a non-negative int"):
+    st.run_family("click-option", tasks, tasks, swaps="select", max_swaps=-2, **kw)
+  import ml_collections
+
+  from harnax.studies import miniwob_report as rep
+  with pytest.raises(ValueError, match="swap_rule: expected one of"):
+    rep.swaps_of(ml_collections.ConfigDict({"swap_rule": "random"}))
+  with pytest.raises(ValueError, match="pi_refs: expected a non-empty tuple"):
+    rep.run(ml_collections.ConfigDict({"families": ("click-option",), "pi_refs": ("teacher",)}))
