@@ -88,11 +88,28 @@ def test_post_training_curves_and_run_files(study):
   np.testing.assert_allclose([r["value"] for r in records], s.train_curves["H0"], rtol=1e-9)
 
 
+def test_lm_family_gets_the_per_checkpoint_metrics(study):
+  _, result = study
+  s = result["policies"]["lm"]["click-option"]
+  n = len(s.harnesses)
+  assert s.errors.shape == (n, n) and np.all(np.isfinite(s.errors)) and np.all(s.errors > 0)
+  assert s.base_errors.shape == (n,) and np.all(s.base_errors > 0)
+  assert set(s.decompositions) == set(s.adapted)
+  for d in list(s.decompositions.values()) + s.reversal_decompositions:
+    assert all(np.isfinite(v) and v >= 0 for v in d.values())
+  # Field reversal with pi_ref uniform: the optimum does not move, only the readout.
+  assert all(d["target_shift"] == 0.0 for d in s.reversal_decompositions)
+  found = lm_study.findings(result["policies"]["lm"])
+  assert found["swaps_rejected"].endswith(f"of {n * (n - 1)} ordered pairs")
+  assert " to " in found["error_reduction"] and "/" in found["own_lowest"]
+
+
 def test_report_shows_the_paper_beside_both_families(study):
   cfg, result = study
   text = lm_study.render(cfg, result)
   assert "| finding | paper (Qwen3.5-2B) | harnax, LM | harnax, log-linear |" in text
   assert "85.0 % → 19.2 %" in text
+  assert "| score error reduction by post-training (own harness) | 69–90 % |" in text
   assert "## harnax, LM: click-option" in text and "## harnax, log-linear: click-option" in text
   metrics = lm_study.metrics(result)
   assert set(metrics["policies"]) == {"lm", "log_linear"}
@@ -119,7 +136,9 @@ def test_config_errors_before_anything_runs(tmp_path):
                               ("policies", ("gpt",), "policies"),
                               ("harnesses", ("H0", "H9"), "harnesses"),
                               ("pi_ref", "teacher", "pi_ref"),
-                              ("swaps", (("H0", "H5"),), "swaps")]:
+                              ("swaps", (("H0", "H5"),), "swaps"),
+                              ("swap_rule", "random", "swap_rule"),
+                              ("max_swaps", -1, "max_swaps")]:
     bad = ml_collections.ConfigDict(cfg.to_dict())
     bad[field] = value
     with pytest.raises(ValueError, match=match):
