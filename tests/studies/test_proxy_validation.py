@@ -234,6 +234,6 @@ def test_script_writes_report_metrics_and_plot(tmp_path, capsys):
     for r in ("score", "ceiling", "mismatch"):
       assert 0.0 <= rec[r]["exact"] <= rec[r]["top"] <= 1.0 or rec[r]["exact"] == 0.0, key
       assert -1.0 <= rec[r]["spearman"] <= 1.0
-  assert m["pooled"]["optimal · action · probs"]["limit_score_exact"] == 1.0
+  assert m["pooled"]["optimal · action · probs"]["limit"]["score"]["exact"] == 1.0
   assert json.loads((out / "config.json").read_text())["num_seeds"] == 2
   assert (out / "recovery.png").stat().st_size > 10_000
