@@ -15,6 +15,7 @@ for float64 parameters: `accum_dtype`).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from flax import nnx
@@ -256,6 +257,49 @@ def attend(q: Array, k: Array, v: Array, mask: Array, *, scale: float,
   return out.reshape(b, kv_heads, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
+def attend_blocks(q: Array, blocks, *, scale: float, softcap: float | None = None) -> Array:
+  """Grouped-query attention over several blocks of keys, in one softmax.
+
+  The keys of a query are the union of the blocks, each with its own mask: a tree of
+  continuations packed after a prompt attends over the prompt block (all of it) and the tree
+  block (its ancestors only), so the prompt slots never compute the always-masked block of
+  the tree, and the joint softmax is written out without concatenating the logits.
+
+  Args:
+    q: [B, T, H, D] queries.
+    blocks: a sequence of ``(k, v, mask)``: keys and values [B, K, S_i, D] (heads-major, as
+      `attend`) and a boolean mask [B, T, S_i].
+    scale, softcap: as `attend`.
+
+  Returns:
+    [B, T, H, D], equal to `attend` over the concatenated blocks. A query with nothing
+    visible gets a finite mean of the values, never NaN.
+  """
+  b, t, h, d = q.shape
+  kv_heads = blocks[0][0].shape[1]
+  g = h // kv_heads
+  acc = accum_dtype(q.dtype)
+  floor = jnp.finfo(acc).min
+  # [B, K, G*T, D]: (batch, kv head) are the matmuls' batch dimensions, as in `attend`.
+  qk = q.reshape(b, t, kv_heads, g, d).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, g * t, d)
+  logits = []
+  for k, _, mask in blocks:
+    x = jnp.einsum("bkqd,bksd->bkqs", qk, k, preferred_element_type=acc) * scale
+    if softcap is not None:
+      x = softcap * jnp.tanh(x / softcap)
+    m = jnp.broadcast_to(mask[:, None, None], (b, kv_heads, g) + mask.shape[1:])
+    logits.append(jnp.where(m.reshape(b, kv_heads, g * t, -1), x, floor))
+  # The shift cancels exactly: no gradient flows through it (nor the cost of one).
+  top = jax.lax.stop_gradient(
+      functools.reduce(jnp.maximum, [jnp.max(x, -1, keepdims=True) for x in logits]))
+  exps = [jnp.exp(x - top) for x in logits]
+  denom = functools.reduce(jnp.add, [jnp.sum(e, -1, keepdims=True) for e in exps])
+  out = functools.reduce(jnp.add, [
+      jnp.einsum("bkqs,bksd->bkqd", (e / denom).astype(v.dtype), v)
+      for e, (_, v, _) in zip(exps, blocks)])
+  return out.reshape(b, kv_heads, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
 class Attention(nnx.Module):
   """Multi-head attention with GQA, optional q/k RMSNorm, sliding window and logit soft-cap.
 
@@ -309,6 +353,43 @@ class Attention(nnx.Module):
     if pair_mask is not None:
       mask = mask & pair_mask
     out = attend(q, k, v, mask, scale=self.scale, softcap=self.softcap)
+    b, t = out.shape[:2]
+    return self.o_proj(out.reshape(b, t, -1))
+
+
+  def tree_attend_and_project(self, q: Array, k: Array, v: Array, positions: Array,
+                              valid: Array, ancestors: Array, *, num_prompt: int,
+                              start: int = 0) -> Array:
+    """Attention of a prompt packed with the prefix tree of its continuations, then the
+    output projection -> [B, Tp + N - start, hidden].
+
+    Prompt slots attend causally over the prompt only: the always-masked prompt-to-tree
+    block is never computed. A tree node attends over the prompt and, in the same softmax,
+    over its ancestors in the tree (`attend_blocks`).
+
+    Args:
+      q: [B, Tp + N - start, H, D] queries of the slots from ``start`` on.
+      k, v: [B, K, Tp + N, D] keys and values of every slot (heads-major).
+      positions, valid: [B, Tp + N].
+      ancestors: [B, N, N] boolean, node m is node n's ancestor (or n itself).
+      num_prompt: Tp; start: the first query slot (at most Tp).
+    """
+    tp = num_prompt
+    pos_p, pos_n, valid_p = positions[:, :tp], positions[:, tp:], valid[:, :tp]
+    prompt = (k[:, :, :tp], v[:, :, :tp])
+    outs = []
+    if start < tp:
+      mask = attention_mask(pos_p[:, start:], pos_p, valid_p, window=self.window)
+      outs.append(attend(q[:, :tp - start], *prompt, mask, scale=self.scale,
+                         softcap=self.softcap))
+    tree_mask = ancestors
+    if self.window is not None:
+      tree_mask &= pos_n[:, :, None] - pos_n[:, None, :] < self.window
+    blocks = [prompt + (attention_mask(pos_n, pos_p, valid_p, window=self.window),),
+              (k[:, :, tp:], v[:, :, tp:], tree_mask)]
+    outs.append(attend_blocks(q[:, max(tp - start, 0):], blocks, scale=self.scale,
+                              softcap=self.softcap))
+    out = jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
     b, t = out.shape[:2]
     return self.o_proj(out.reshape(b, t, -1))
 

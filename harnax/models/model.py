@@ -142,14 +142,38 @@ class DecoderLayer(nnx.Module):
       k_all, v_all = new_cache.heads(x.shape[0])
       k_pos, k_valid = cache_positions, cache_valid
     h = self.attn.attend_and_project(q, k_all, v_all, positions, k_pos, k_valid, pair_mask)
+    return self._residuals(x, h), new_cache
+
+  def _residuals(self, x: Array, h: Array) -> Array:
+    """The attention output ``h`` added to the stream ``x``, then the MLP block."""
     if self.post_attn_norm is not None:
       h = self.post_attn_norm(h)
     x = x + h
     h = self.mlp(self.mlp_norm(x))
     if self.post_mlp_norm is not None:
       h = self.post_mlp_norm(h)
-    x = constrain(x + h, ("batch", "seq", "act_embed"))
-    return x, new_cache
+    return constrain(x + h, ("batch", "seq", "act_embed"))
+
+  def tree_forward(self, x: Array, positions: Array, valid: Array, ancestors: Array, *,
+                   num_prompt: int, start: int = 0) -> Array:
+    """One block over a prompt packed with a prefix tree of its continuations.
+
+    Args:
+      x: [B, Tp + N, hidden]: ``Tp = num_prompt`` (left-padded) prompt slots, then N nodes.
+      positions, valid: [B, Tp + N].
+      ancestors: [B, N, N] boolean, node m is node n's ancestor (or n itself).
+      start: the first slot whose output is needed; the keys of every slot are computed. In
+        the last layer ``Tp - 1`` keeps only what predicts tokens: the last prompt slot and
+        the nodes.
+
+    Returns:
+      [B, Tp + N - start, hidden], the block's output at slots ``start ...``.
+    """
+    h = self.attn_norm(x)
+    q, k, v = self.attn.project_qkv(h, positions)
+    h = self.attn.tree_attend_and_project(q[:, start:], k, v, positions, valid, ancestors,
+                                          num_prompt=num_prompt, start=start)
+    return self._residuals(x[:, start:], h)
 
 
 class CausalLM(nnx.Module):
@@ -231,6 +255,52 @@ class CausalLM(nnx.Module):
     x = self._embed(input_ids)
     for layer in self.layers:
       x, _ = layer(x, positions, mask, pair_mask=pair_mask)
+    return self.norm(x)
+
+  def tree_hidden_states(self, prompt_ids: Array, prompt_mask: Array, node_ids: Array,
+                         node_mask: Array, node_path: Array) -> Array:
+    """Final-norm hidden states that predict the tokens of a prefix tree of continuations.
+
+    Each row is a (left-padded) prompt followed by a tree of continuations: node n holds
+    one token, sits at position ``prompt length + depth`` and sees the prompt and its own
+    ancestors. The same values as `hidden_states` of the packed row with a tree
+    ``pair_mask``, computed without the ``[T, T]`` mask: prompt slots attend over the prompt
+    only, a node over the prompt and its ancestors (`layers.attend_blocks`), and the last
+    layer runs only the slots that predict a token.
+
+    Args:
+      prompt_ids, prompt_mask: [B, Tp], left-padded (Tp >= 1).
+      node_ids, node_mask: [B, N] the tree's tokens and which nodes are real.
+      node_path: [B, N, A] int, each node's path from its root, itself included (node
+        indices, padded with -1).
+
+    Returns:
+      [B, 1 + N, hidden]: slot 0 is the last prompt slot (it predicts the roots), slot
+      ``1 + n`` is node n (it predicts n's children).
+    """
+    pmask = self._mask(prompt_ids, prompt_mask)
+    b, tp = pmask.shape
+    if tp < 1:
+      raise ValueError("prompt_ids: expected at least one prompt slot, got 0")
+    if node_ids.ndim != 2 or node_ids.shape[0] != b:
+      raise ValueError(f"node_ids: expected shape [{b}, N], got {node_ids.shape}")
+    n = node_ids.shape[1]
+    if node_mask.shape != (b, n):
+      raise ValueError(f"node_mask: expected shape {(b, n)}, got {node_mask.shape}")
+    if node_path.ndim != 3 or node_path.shape[:2] != (b, n):
+      raise ValueError(f"node_path: expected shape [{b}, {n}, A], got {node_path.shape}")
+    length = jnp.sum(pmask, axis=-1, dtype=jnp.int32)
+    depth = jnp.sum(node_path >= 0, axis=-1, dtype=jnp.int32) - 1
+    positions = jnp.concatenate([positions_from_mask(pmask),
+                                 length[:, None] + jnp.maximum(depth, 0)], axis=-1)
+    valid = jnp.concatenate([pmask, node_mask.astype(bool)], axis=-1)
+    ancestors = jnp.any(node_path[:, :, :, None] == jnp.arange(n)[None, None, None, :],
+                        axis=2)                                            # [B, N, N]
+    x = self._embed(jnp.concatenate([prompt_ids, node_ids], axis=-1))
+    last = len(self.layers) - 1
+    for i, layer in enumerate(self.layers):
+      x = layer.tree_forward(x, positions, valid, ancestors, num_prompt=tp,
+                             start=tp - 1 if i == last else 0)
     return self.norm(x)
 
   def hidden_states_with_cache(self, input_ids: Array, attention_mask: Array | None = None, *,

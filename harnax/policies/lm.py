@@ -419,9 +419,10 @@ def _expand_cache(cache, copies: int):
 def candidate_log_probs(model, tree: CandidateTree, *, temperature: float = 1.0) -> Array:
   """`log p(o | prompt)` of every candidate, `[R, O]` float32, by teacher forcing.
 
-  One packed sequence per state: the prompt, then the prefix tree of its candidates with a
-  tree mask (each node sees the prompt and its ancestors), so a shared prefix is scored
-  once and nothing is copied per candidate. Padding candidates get `-1e30`.
+  One packed sequence per state: the prompt, then the prefix tree of its candidates, each
+  node seeing the prompt and its ancestors (`CausalLM.tree_hidden_states`: the ancestors are
+  gathered, no `[T, T]` mask is built), so a shared prefix is scored once and nothing is
+  copied per candidate. Padding candidates get `-1e30`.
 
   Args:
     model: a `harnax.models.CausalLM`.
@@ -431,23 +432,10 @@ def candidate_log_probs(model, tree: CandidateTree, *, temperature: float = 1.0)
   """
   if isinstance(tree, CandidateTokens):  # concrete token arrays: pack them here
     tree = pack_candidates(tree)
-  tp = tree.prompt_ids.shape[-1]
-  n = tree.node_ids.shape[-1]
-  ids = jnp.concatenate([tree.prompt_ids, tree.node_ids], axis=-1)
-  mask = jnp.concatenate([tree.prompt_mask, tree.node_mask], axis=-1)
-  length = jnp.sum(tree.prompt_mask, axis=-1, dtype=jnp.int32)
-  depth = jnp.sum(tree.node_path >= 0, axis=-1, dtype=jnp.int32) - 1
-  positions = jnp.concatenate([models_positions(tree.prompt_mask),
-                               length[:, None] + jnp.maximum(depth, 0)], axis=-1)
-  ancestors = jnp.any(tree.node_path[:, :, :, None] == jnp.arange(n)[None, None, None, :],
-                      axis=2)                                                 # [R, N, N]
-  r = ids.shape[0]
-  pair = jnp.concatenate([
-      jnp.ones((r, tp, tp + n), bool),
-      jnp.concatenate([jnp.ones((r, n, tp), bool), ancestors], axis=-1)], axis=1)
-  hidden = model.hidden_states(ids, mask, positions=positions, pair_mask=pair)   # [R, T, d]
-  # A node's token is predicted at its parent's slot (the last prompt slot for a root).
-  slot = jnp.where(tree.node_parent >= 0, tp + tree.node_parent, tp - 1)
+  hidden = model.tree_hidden_states(tree.prompt_ids, tree.prompt_mask, tree.node_ids,
+                                    tree.node_mask, tree.node_path)           # [R, 1 + N, d]
+  # A node's token is predicted at its parent's slot (the last prompt slot, 0, for a root).
+  slot = jnp.where(tree.node_parent >= 0, 1 + tree.node_parent, 0)
   h = jnp.take_along_axis(hidden, slot[..., None], axis=1)                    # [R, N, d]
   node_lp = logprobs_lib.token_logprobs(model.logits(h), tree.node_ids, temperature=temperature)
   node_lp = jnp.where(tree.node_mask, node_lp, 0.0)
