@@ -217,7 +217,8 @@ def test_script_writes_report_metrics_and_plot(tmp_path, capsys):
   _script().main([], config=cfg)
   out = tmp_path / "pv"
   text = (out / "report.md").read_text()
-  assert "| finding | paper (Terminal-Bench Lite, 5 harnesses) |" in text
+  assert "| paper: Terminal-Bench Lite, 5 harnesses, frozen Qwen3.5-9B" in text
+  assert "| harnax, exact limits (no sampling), action categories (1 family) | 100 % /" in text
   assert "## click-option" in text and "optimal · coarse · probs" in text
   assert text in capsys.readouterr().out
   m = json.loads((out / "metrics.json").read_text())
