@@ -335,8 +335,12 @@ def proxy_estimates(episodes: Sequence[Episode], *,
   Returns:
     `{harness: HarnessEstimate}`.
 
+  A step's `policy_probs` / `proxy_probs`, where given, replace that side's
+  samples (`decision_kl` with `policy_exact` / `proxy_exact`).
+
   Raises:
-    ValueError: no episodes, bad options, or an unknown category (naming the
+    ValueError: no episodes, bad options, an unknown category, or a policy
+      decision without samples or probabilities on either side (naming the
       episode, its line and the decision).
   """
   episodes = list(episodes)
