@@ -386,8 +386,13 @@ def ranking_agreement(scores, truth) -> dict:
   return {"exact": float(np.array_equal(np.argsort(-s, kind="stable"),
                                         np.argsort(-t, kind="stable"))),
           "top": float(np.argmax(s) == np.argmax(t)),
-          "spearman": float(he.spearman(jnp.asarray(s), jnp.asarray(t))),
-          "kendall": float(he.kendall_tau_b(jnp.asarray(s), jnp.asarray(t)))}
+          "spearman": float(_spearman(jnp.asarray(s), jnp.asarray(t))),
+          "kendall": float(_kendall(jnp.asarray(s), jnp.asarray(t)))}
+
+
+# Compiled once: a report scores thousands of six-harness rankings.
+_spearman = jax.jit(he.spearman)
+_kendall = jax.jit(he.kendall_tau_b)
 
 
 def _ranker_scores(est: dict, names, ranker: str) -> np.ndarray:
@@ -467,8 +472,9 @@ def render(cfg, result: dict) -> str:
            f"(mean over held-out instances). Runtime {result['seconds']:.0f} s.", "",
            "## The paper beside ours", ""]
   pooled = pooled_recovery(result)
-  n_runs = sum(sum(1 for k in st.estimates if k[:3] == next(iter(recovery(st))))
-               for st in fams.values())
+  recs = recoveries(result)
+  n_runs = sum(sum(1 for k in st.estimates if k[:3] == next(iter(recs[f])))
+               for f, st in fams.items())
 
   def cell(rec, stat, fmt):
     return " / ".join(fmt(rec[r][stat]) for r in RANKERS)
@@ -496,7 +502,7 @@ def render(cfg, result: dict) -> str:
             "largest mismatch; DeepSeek Harness has the largest per-decision mismatch. Here "
             f"(proxy {_key_name(*next(iter(pooled)))}, means over seeds):", ""]
   for fam, st in fams.items():
-    mean = mean_estimates(st, *next(iter(recovery(st))))
+    mean = mean_estimates(st, *next(iter(recs[fam])))
     dec, per, acc = (mean[k] for k in ("decisions_per_episode", "mismatch_per_decision",
                                        "mismatch"))
     names, top = st.harnesses, int(np.argmax(acc))
@@ -521,7 +527,7 @@ def render(cfg, result: dict) -> str:
         + [cell(rec["limit"], "exact", pct)])
   lines += [results.markdown_table(header, rows), ""]
   for fam, st in fams.items():
-    rec = recovery(st)
+    rec = recs[fam]
     p, m, a = next(iter(rec))
     mean = mean_estimates(st, p, m, a)
     names = st.harnesses
@@ -555,6 +561,13 @@ def render(cfg, result: dict) -> str:
   return "\n".join(lines)
 
 
+def recoveries(result: dict) -> dict:
+  """`{family: recovery(study)}`, computed once and kept in `result["recovery"]`."""
+  if "recovery" not in result:
+    result["recovery"] = {f: recovery(st) for f, st in result["families"].items()}
+  return result["recovery"]
+
+
 def mean_estimates(study: FamilyValidation, p: str, m: str, a: str) -> dict:
   """`{field: [n]}` of the `HarnessEstimate` fields, means over seeds, for one condition."""
   ests = [est for k, est in study.estimates.items() if k[:3] == (p, m, a)]
@@ -568,8 +581,8 @@ def pooled_recovery(result: dict) -> dict:
   """Recovery pooled over families (mean over family x seed; the limits: mean over
   families), keyed like `recovery`, with the proxy's mean `gap`."""
   acc: dict = {}
-  for st in result["families"].values():
-    for k, rec in recovery(st).items():
+  for fam, st in result["families"].items():
+    for k, rec in recoveries(result)[fam].items():
       a = acc.setdefault(k, {"gap": [], "limit": {r: [] for r in RANKERS},
                              **{r: [] for r in RANKERS}})
       n_seeds = sum(1 for key in st.estimates if key[:3] == k)
@@ -591,7 +604,7 @@ def metrics(result: dict) -> dict:
   """JSON-ready metrics: per family the exact values, limits, estimates and recovery."""
   fams = {}
   for fam, st in result["families"].items():
-    rec = recovery(st)
+    rec = recoveries(result)[fam]
     fams[fam] = {
         "harnesses": list(st.harnesses), "exact": st.exact,
         "expected_decisions": st.expected_decisions,
