@@ -1,4 +1,4 @@
-"""Config of scripts/transfer_estimators.py: the estimator comparisons of the harness-transfer study.
+"""Config of scripts/transfer_estimators.py: the harness-transfer study's estimator comparisons.
 
   python scripts/transfer_estimators.py --config=configs/transfer_estimators.py
 
@@ -18,31 +18,35 @@ def get_config() -> ml_collections.ConfigDict:
   config.families = ("click-checkboxes", "click-option", "click-tab-2")
   config.harnesses = ("H0", "H1", "H2", "H3", "H4", "H5")   # every ordered pair (finding 1)
   config.num_train = 6         # training instances per family (seeds split_seed, ...)
-  config.num_test = 4          # held-out instances: every estimate is on these
+  config.num_test = 3          # held-out instances: every estimate is on these
   config.split_seed = 0
   config.discount = 0.9
   config.tau = 0.1
   config.learning_rate = 0.1
   config.steps = 150           # exact policy-gradient (Adam) steps training each checkpoint
-  config.adapt_steps = 60      # steps of the two adaptation runs from the H0 checkpoint
-  config.eval_every = 5        # evaluate both estimators every this many adaptation steps
+  config.adapt_steps = 30      # steps of the two adaptation runs from the H0 checkpoint
+  # A smaller step size than training, so that the reversal happens along the run, not at once.
+  config.adapt_learning_rate = 0.03
+  config.eval_every = 2        # evaluate the estimators every this many adaptation steps
   config.seed = 0
   config.confidence = 0.9      # bootstrap intervals
   config.num_resamples = 500
 
   config.large = ml_collections.ConfigDict()   # finding 1: frozen deployment, C' - M_hat'
-  config.large.num_seeds = 20
+  config.large.num_seeds = 10
   config.large.num_states = 200      # states from d^pi (geometric stopping) per instance
   config.large.num_action_samples = 8
-  config.large.estimator = "miller_madow"   # the frequency (plug-in) KL, bias-corrected
+  # Per-state KL: "k1" (unbiased; needs the policy's log-probabilities of its samples), or
+  # "miller_madow" (the frequency distribution's KL, bias-corrected; biased up at small N).
+  config.large.estimator = "k1"
   config.large.max_steps = 200       # rollout cap: total-variation bias <= 0.9^200
 
   config.small = ml_collections.ConfigDict()   # finding 2: equal budgets along adaptation
-  config.small.num_seeds = 100
-  config.small.budget = 1200         # units per arm, instance and evaluated step
-  config.small.horizon = 30          # steps per rollout, both sides
-  config.small.num_action_samples = 2
-  config.small.estimator = "k3"
+  config.small.num_seeds = 50
+  config.small.budget = 1200         # units per arm, instance, evaluated step and estimator
+  config.small.horizon = 30          # steps per rollout, every side
+  config.small.num_action_samples = 4
+  config.small.estimator = "k1"
 
   config.plot = True
   config.output_dir = "results/transfer_estimators"

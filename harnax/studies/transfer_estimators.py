@@ -30,6 +30,7 @@ log-linear family (`harnax.studies.families.LogLinearFamily`) to produce them.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import NamedTuple, Sequence
 
@@ -40,6 +41,8 @@ import numpy as np
 from harnax import estimate as he
 from harnax import train as train_lib
 from harnax.core import evaluation
+from harnax.core import objectives
+from harnax.core import sampling as core_sampling
 from harnax.core import solvers
 from harnax.envs import miniwob as mw
 from harnax.studies import families
@@ -148,22 +151,33 @@ def compile_family(family: str, *, num_train: int, num_test: int, split_seed: in
 
 
 class Exact(NamedTuple):
-  """Exact per-instance quantities of semantic policies, each `[..., N]` (`pi_star` `[N, S, A]`)."""
+  """Exact per-instance quantities of semantic policies, each `[N]` (`pi_star` `[N, S, A]`).
+
+  Attributes:
+    ceiling, value, mismatch: `C`, `J` and `M` (by its own formula, so `J = C - M` checks).
+    plain_value: the KL-free discounted reward `mu0^T (I - gamma P_pi)^{-1} r_pi` (what
+      success counts estimate).
+    pi_star: the soft optimum.
+  """
 
   ceiling: Array
   value: Array
   mismatch: Array
+  plain_value: Array
   pi_star: Array
 
 
 @jax.jit
 def exact(policy: Array, mdp, pi_ref: Array, tau) -> Exact:
-  """`C`, `J`, `M = C - J` and `pi*` of semantic policies `[N, S, A]` on stacked instances."""
+  """`C`, `J`, `M`, the plain value and `pi*` of policies `[N, S, A]` on stacked instances."""
   def one(m, pol, ref):
     sol = solvers.solve_soft_bellman(m, ref, tau)
-    c = m.initial @ sol.v
+    c = objectives.ceiling(m, ref, tau, solution=sol)
     j = evaluation.evaluate_policy(m, pol, ref, tau).value
-    return c, j, c - j, sol.policy
+    mm = objectives.mismatch(m, pol, ref, tau, solution=sol)
+    # With pi_ref = pi the KL term vanishes: the plain discounted reward.
+    plain = evaluation.evaluate_policy(m, pol, pol, tau).value
+    return c, j, mm, plain, sol.policy
   return Exact(*jax.vmap(one)(mdp, policy, pi_ref))
 
 
@@ -219,8 +233,18 @@ def sample_mismatch_matrix(key, policies: Array, mdp, pi_star: Array, tau: float
     raise ValueError(f"policies: expected [H, {', '.join(map(str, pi_star.shape))}] "
                      f"(trained on H, read through each H' of pi_star), got "
                      f"{list(policies.shape)}")
-  scale = float(tau) / (1.0 - float(np.asarray(mdp.discount).reshape(-1)[0]))
+  dtype = pi_star.dtype
+  return MismatchSamples(*_sample_mismatch_matrix(
+      key, policies.astype(dtype), mdp, pi_star, jnp.asarray(tau, dtype),
+      jnp.asarray(confidence, dtype), int(num_seeds), int(num_states), int(num_action_samples),
+      estimator, int(max_steps), int(num_resamples)))
 
+
+# Module-level and static in the sizes, so that equal problems share one compilation.
+@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9, 10, 11))
+def _sample_mismatch_matrix(key, policies, mdp, pi_star, tau, confidence, num_seeds,
+                            num_states, num_action_samples, estimator, max_steps,
+                            num_resamples):
   def instance(k, m, pol, star):
     est = he.estimate_mismatch(k, m, pol, star, tau, num_states=num_states,
                                num_action_samples=num_action_samples, estimator=estimator,
@@ -230,6 +254,7 @@ def sample_mismatch_matrix(key, policies: Array, mdp, pi_star: Array, tau: float
   def cell(k, m, pol, star):  # one (H, H') cell: instances pooled
     ks = jax.random.split(k, pol.shape[0] + 1)
     kls, units = jax.vmap(instance)(ks[1:], m, pol, star)
+    scale = tau / (1.0 - m.discount[0])
     lo, hi = he.bootstrap_ci(ks[0], kls.reshape(-1), confidence=confidence,
                              num_resamples=num_resamples, scale=scale)
     return scale * jnp.mean(kls), lo, hi, jnp.sum(units)
@@ -241,8 +266,7 @@ def sample_mismatch_matrix(key, policies: Array, mdp, pi_star: Array, tau: float
     over_target = jax.vmap(cell, in_axes=(0, 0, 0, 0))
     return jax.vmap(over_target, in_axes=(0, None, 0, None))(ks, mdp, policies, pi_star)
 
-  out = jax.lax.map(jax.jit(seed), jax.random.split(key, num_seeds))
-  return MismatchSamples(*out)
+  return jax.lax.map(seed, jax.random.split(key, num_seeds))
 
 
 def large_change_metrics(ceiling: Array, value: Array, samples: MismatchSamples) -> dict:
@@ -299,8 +323,12 @@ class Difference(NamedTuple):
 
   Attributes:
     mismatch, mismatch_low, mismatch_high: `(C_1 - M_hat_1) - (C_0 - M_hat_0)` and its interval.
-    rollout, rollout_low, rollout_high: the frequency-rollout estimate and its interval.
-    mismatch_units, rollout_units: units spent by each side (both arms, all instances).
+    rollout, rollout_low, rollout_high: frequency rollouts of the regularized return
+      (`rollout_return`, unbiased for `J`) and their interval.
+    success, success_low, success_high: frequency rollouts of the plain discounted reward
+      (success counts; unbiased for the plain value, not for `J`) and their interval.
+    mismatch_units, rollout_units: units spent by the mismatch side and by each frequency
+      side (both arms, all instances).
   """
 
   mismatch: Array
@@ -309,44 +337,55 @@ class Difference(NamedTuple):
   rollout: Array
   rollout_low: Array
   rollout_high: Array
+  success: Array
+  success_low: Array
+  success_high: Array
   mismatch_units: Array
   rollout_units: Array
 
 
-def difference_from_samples(key, ceiling_gap, kl_sums: Array, returns: Array, tau, *,
-                            confidence: float = 0.9, num_resamples: int = 500) -> Difference:
-  """Both estimates of `D = J_1 - J_0` from per-rollout samples of the two arms.
+def _paired_mean(key, x: Array, *, confidence, num_resamples):
+  """Mean of arm 1 minus arm 0 (`x` `[2, N, n]`) and its bootstrap interval.
 
-  Arm 1 minus arm 0; each arm's samples are independent, with equal counts, so the
-  difference of means is the mean of the paired differences `z = x_1 - x_0`, whose
-  bootstrap (`bootstrap_ci`) is a bootstrap of the difference.
+  The arms are independent with equal counts, so the difference of means is the mean of the
+  paired differences `z = x_1 - x_0`, and resampling the `z` bootstraps the difference.
+  """
+  z = (x[1] - x[0]).reshape(-1)
+  lo, hi = he.bootstrap_ci(key, z, confidence=confidence, num_resamples=num_resamples)
+  return jnp.mean(z), lo, hi
+
+
+def difference_from_samples(key, ceiling_gap, kl_sums: Array, returns: Array,
+                            plain_returns: Array, tau, *, confidence: float = 0.9,
+                            num_resamples: int = 500) -> Difference:
+  """The three estimates of `D = J_1 - J_0` from per-rollout samples of the two arms.
 
   Args:
-    key: a `jax.random` key (the two intervals).
+    key: a `jax.random` key (the intervals).
     ceiling_gap: scalar, exact `mean C_1 - mean C_0`.
     kl_sums: `[2, N, n_M]`, per-rollout discounted KL sums (`every_step_mismatch` samples,
       unscaled: `M_hat = tau * mean`) of arm 0 and arm 1 on N instances.
     returns: `[2, N, n_R]`, per-rollout regularized returns (`rollout_return` samples).
+    plain_returns: `[2, N, n_R]`, per-rollout plain discounted rewards.
     tau: temperature > 0.
     confidence, num_resamples: bootstrap options.
 
   Returns:
     `Difference` (units left 0: the caller knows the budget).
   """
-  k1, k2 = jax.random.split(key)
-  z_m = tau * (kl_sums[1] - kl_sums[0]).reshape(-1)
-  z_r = (returns[1] - returns[0]).reshape(-1)
-  lo_m, hi_m = he.bootstrap_ci(k1, z_m, confidence=confidence, num_resamples=num_resamples)
-  lo_r, hi_r = he.bootstrap_ci(k2, z_r, confidence=confidence, num_resamples=num_resamples)
+  k1, k2, k3 = jax.random.split(key, 3)
+  opts = dict(confidence=confidence, num_resamples=num_resamples)
+  dm, lo_m, hi_m = _paired_mean(k1, tau * kl_sums, **opts)
   zero = jnp.zeros((), jnp.int32)
-  return Difference(ceiling_gap - jnp.mean(z_m), ceiling_gap - hi_m, ceiling_gap - lo_m,
-                    jnp.mean(z_r), lo_r, hi_r, zero, zero)
+  return Difference(ceiling_gap - dm, ceiling_gap - hi_m, ceiling_gap - lo_m,
+                    *_paired_mean(k2, returns, **opts), *_paired_mean(k3, plain_returns, **opts),
+                    zero, zero)
 
 
 def estimate_differences(key, arms, tau: float, *, budget: Budget, horizon: int,
-                         num_action_samples: int, num_seeds: int, estimator: str = "k3",
+                         num_action_samples: int, num_seeds: int, estimator: str = "k1",
                          confidence: float = 0.9, num_resamples: int = 500) -> Difference:
-  """Both estimates of `D` at every evaluated step, over seeds, at equal budgets.
+  """The estimates of `D` at every evaluated step, over seeds, at equal budgets.
 
   Args:
     key: a `jax.random` key.
@@ -354,8 +393,8 @@ def estimate_differences(key, arms, tau: float, *, budget: Budget, horizon: int,
       (0: the control, 1: the other): `mdp` `[2, N, ...]`, `policies` `[2, K, N, S, A]` at K
       evaluated steps, `pi_star` and `pi_ref` `[2, N, S, A]`, `ceiling` `[2, N]` (exact `C`).
     tau: temperature > 0.
-    budget: `match_budget(...)` (per arm, instance and step).
-    horizon: H steps per rollout (both sides); num_action_samples: N per visited state.
+    budget: `match_budget(...)` (per arm, instance and step; each frequency side gets it).
+    horizon: H steps per rollout (every side); num_action_samples: N per visited state.
     num_seeds: repetitions; estimator: per-state KL estimator (`he.ESTIMATORS`).
     confidence, num_resamples: bootstrap options.
 
@@ -376,37 +415,47 @@ def estimate_differences(key, arms, tau: float, *, budget: Budget, horizon: int,
   policies = jnp.asarray(policies)
   if policies.ndim != 5 or policies.shape[0] != 2:
     raise ValueError(f"arms: expected policies [2, K, N, S, A], got {list(policies.shape)}")
+  dtype = pi_star.dtype
+  d = _estimate_differences(key, mdp, policies.astype(dtype), pi_star, pi_ref,
+                            jnp.asarray(ceiling, dtype), jnp.asarray(tau, dtype),
+                            jnp.asarray(confidence, dtype), budget.num_mismatch_rollouts,
+                            budget.num_return_rollouts, int(horizon), int(num_action_samples),
+                            int(num_seeds), estimator, int(num_resamples))
+  units = 2 * policies.shape[2]                           # arms x instances
+  return d._replace(mismatch_units=jnp.full(d.mismatch.shape, units * budget.mismatch_units),
+                    rollout_units=jnp.full(d.mismatch.shape, units * budget.return_units))
+
+
+@functools.partial(jax.jit, static_argnums=tuple(range(8, 15)))
+def _estimate_differences(key, mdp, policies, pi_star, pi_ref, ceiling, tau, confidence, nm, nr,
+                          horizon, num_action_samples, num_seeds, estimator, num_resamples):
   num_inst = policies.shape[2]
   gap = jnp.mean(ceiling[1]) - jnp.mean(ceiling[0])
-  nm, nr = budget.num_mismatch_rollouts, budget.num_return_rollouts
 
   def instance(k, m, pol, star, ref):
-    km, kr = jax.random.split(k)
+    km, kr, kp = jax.random.split(k, 3)
     kl = he.every_step_mismatch(km, m, pol, star, tau, num_rollouts=nm, horizon=horizon,
                                 num_action_samples=num_action_samples, estimator=estimator,
                                 num_resamples=1).samples
     ret = he.rollout_return(kr, m, pol, ref, tau, num_rollouts=nr, horizon=horizon,
                             num_resamples=1).samples
-    return kl, ret
+    plain = core_sampling.rollout(kp, m, pol, num_envs=nr, num_steps=horizon).returns
+    return kl, ret, plain
 
-  per_instance = jax.vmap(instance)                       # over instances
-  per_arm = jax.vmap(per_instance)                        # over the two arms
+  per_arm = jax.vmap(jax.vmap(instance))                  # over the two arms, then instances
 
   def step(k, pol):                                       # pol [2, N, S, A]
     ks = jax.random.split(k, 2 * num_inst + 1)
-    kl, ret = per_arm(ks[1:].reshape(2, num_inst), mdp, pol, pi_star, pi_ref)
-    d = difference_from_samples(ks[0], gap, kl, ret, tau, confidence=confidence,
-                                num_resamples=num_resamples)
-    units = jnp.asarray(2 * num_inst, jnp.int32)
-    return d._replace(mismatch_units=units * budget.mismatch_units,
-                      rollout_units=units * budget.return_units)
+    kl, ret, plain = per_arm(ks[1:].reshape(2, num_inst), mdp, pol, pi_star, pi_ref)
+    return difference_from_samples(ks[0], gap, kl, ret, plain, tau, confidence=confidence,
+                                   num_resamples=num_resamples)
 
   steps_first = jnp.swapaxes(policies, 0, 1)              # [K, 2, N, S, A]
 
   def seed(k):
     return jax.vmap(step)(jax.random.split(k, steps_first.shape[0]), steps_first)
 
-  return jax.lax.map(jax.jit(seed), jax.random.split(key, num_seeds))
+  return jax.lax.map(seed, jax.random.split(key, num_seeds))
 
 
 def reversal_step(values: Array, lower: Array | None = None) -> Array:
@@ -432,20 +481,26 @@ def reversal_step(values: Array, lower: Array | None = None) -> Array:
 
 
 def small_difference_metrics(exact_difference: Array, est: Difference,
-                             steps: Sequence[int]) -> dict:
-  """Errors, interval coverage and reversal calls of both estimators against the exact `D`.
+                             steps: Sequence[int], *, plain_difference: Array | None = None
+                             ) -> dict:
+  """Errors, interval coverage and reversal calls of the estimators against the exact `D`.
 
   Args:
     exact_difference: `[K]`, exact `D` at the evaluated steps.
     est: `Difference` with fields `[seeds, K]`.
     steps: the K training steps evaluated.
+    plain_difference: `[K]`, the exact difference of plain values (the success counts' own
+      target), or None.
 
   Returns:
-    dict: per estimator (`"mismatch"`, `"rollout"`): `rmse`, `mean_abs_error`, `bias` (mean
-    signed error), `overestimate` (mean `|D_hat| - |D|`), `coverage`, and the reversal calls
-    (`point_calls`, `interval_calls`: training step per seed, -1 never; `early`, `late`,
-    `never` fractions for each rule); `rmse_ratio` (rollout / mismatch); `true_step` (training
-    step of the exact reversal, -1 none); `mismatch_units`, `rollout_units`.
+    dict: per estimator (`"mismatch"`, `"rollout"`, `"success"`): `rmse`, `mean_abs_error`,
+    `bias` (mean signed error), `overestimate` (mean `|D_hat| - |D|`), `coverage`, and the
+    reversal calls (`point_calls`, `interval_calls`: training step per seed, -1 never;
+    `point`, `interval`: `early`, `exact`, `late` (never included), `never` fractions and the
+    median called step); `"success"` also has `rmse_own_target` when `plain_difference` is
+    given; `rmse_ratio` and `rmse_ratio_success` (each rollout side over the mismatch side);
+    `true_step` (training step of the exact reversal, -1 none); `mismatch_units`,
+    `rollout_units`.
   """
   d = np.asarray(exact_difference, np.float64)
   steps = np.asarray(steps)
@@ -469,7 +524,8 @@ def small_difference_metrics(exact_difference: Array, est: Difference,
                     median_step=float(np.median(st[~never])) if np.any(~never) else -1.0)
 
   for name, v, lo, hi in (("mismatch", est.mismatch, est.mismatch_low, est.mismatch_high),
-                          ("rollout", est.rollout, est.rollout_low, est.rollout_high)):
+                          ("rollout", est.rollout, est.rollout_low, est.rollout_high),
+                          ("success", est.success, est.success_low, est.success_high)):
     v, lo, hi = (np.asarray(x, np.float64) for x in (v, lo, hi))
     err = v - d[None]
     pst, pstat = calls(reversal_step(jnp.asarray(v)))
@@ -479,7 +535,12 @@ def small_difference_metrics(exact_difference: Array, est: Difference,
                      overestimate=float(np.mean(np.abs(v) - np.abs(d)[None])),
                      coverage=float(np.mean((lo <= d) & (d <= hi))),
                      point_calls=pst, interval_calls=ist, point=pstat, interval=istat)
+  if plain_difference is not None:
+    plain = np.asarray(plain_difference, np.float64)
+    out["success"]["rmse_own_target"] = float(np.sqrt(np.mean(
+        (np.asarray(est.success) - plain[None]) ** 2)))
   out["rmse_ratio"] = out["rollout"]["rmse"] / max(out["mismatch"]["rmse"], 1e-300)
+  out["rmse_ratio_success"] = out["success"]["rmse"] / max(out["mismatch"]["rmse"], 1e-300)
   out["mismatch_units"] = int(np.asarray(est.mismatch_units).reshape(-1)[0])
   out["rollout_units"] = int(np.asarray(est.rollout_units).reshape(-1)[0])
   return out
@@ -525,6 +586,9 @@ def check_config(cfg) -> None:
       raise ValueError(f"harnesses: the adaptation study needs {h}, got {tuple(cfg.harnesses)}")
   for name in ("num_train", "num_test", "steps", "adapt_steps", "eval_every"):
     _positive_int(name, cfg[name])
+  for name in ("learning_rate", "adapt_learning_rate"):
+    if not float(cfg[name]) > 0:
+      raise ValueError(f"{name}: expected a positive float, got {cfg[name]!r}")
   for sec, names in (("large", ("num_seeds", "num_states", "num_action_samples", "max_steps")),
                      ("small", ("num_seeds", "budget", "horizon", "num_action_samples"))):
     for name in names:
@@ -586,10 +650,8 @@ def run_family(cfg, family: str, key, *, log: results.Log | None = None) -> dict
   # Finding 2: the adaptation runs from the H0 checkpoint, step by step.
   sc = cfg.small
   src, tgt = ADAPT_SOURCE, ADAPT_TARGET
-  path = {tgt: training_path(thetas[src], data.train[tgt], tau=tau, steps=cfg.adapt_steps,
-                             learning_rate=cfg.learning_rate),
-          src: training_path(thetas[src], data.train[src], tau=tau, steps=cfg.adapt_steps,
-                             learning_rate=cfg.learning_rate)}
+  path = {h: training_path(thetas[src], data.train[h], tau=tau, steps=cfg.adapt_steps,
+                           learning_rate=cfg.adapt_learning_rate) for h in (src, tgt)}
   steps = np.arange(0, cfg.adapt_steps + 1, cfg.eval_every)
   arm_pols, arm_exact = [], []
   for h in (src, tgt):                                    # arm 0: continued; arm 1: adapted
@@ -598,6 +660,7 @@ def run_family(cfg, family: str, key, *, log: results.Log | None = None) -> dict
     arm_pols.append(p)
     arm_exact.append([exact(p[k], b.mdp, b.pi_ref, tau) for k in range(len(steps))])
   j_arm = np.array([[float(jnp.mean(e.value)) for e in ex] for ex in arm_exact])   # [2, K]
+  plain_arm = np.array([[float(jnp.mean(e.plain_value)) for e in ex] for ex in arm_exact])
   diff = j_arm[1] - j_arm[0]
   budget = match_budget(sc.budget, horizon=sc.horizon, num_action_samples=sc.num_action_samples)
   b0, b1 = data.test[src], data.test[tgt]
@@ -609,14 +672,17 @@ def run_family(cfg, family: str, key, *, log: results.Log | None = None) -> dict
                              num_action_samples=sc.num_action_samples, num_seeds=sc.num_seeds,
                              estimator=sc.estimator, confidence=cfg.confidence,
                              num_resamples=cfg.num_resamples)
-  small = small_difference_metrics(diff, est, steps)
-  small.update(exact=diff, value_adapted=j_arm[1], value_continued=j_arm[0],
+  small = small_difference_metrics(diff, est, steps,
+                                   plain_difference=plain_arm[1] - plain_arm[0])
+  small.update(exact=diff, exact_plain=plain_arm[1] - plain_arm[0], value_adapted=j_arm[1],
+               value_continued=j_arm[0],
                budget=budget._asdict(),
                estimates={k: np.asarray(v) for k, v in est._asdict().items()
                           if not k.endswith("units")})
   log(f"{family}: adaptation {src} -> {tgt} vs {src} continued, {len(steps)} steps x "
       f"{sc.num_seeds} seeds: RMSE {small['mismatch']['rmse']:.4f} (mismatch) vs "
-      f"{small['rollout']['rmse']:.4f} (rollouts)")
+      f"{small['rollout']['rmse']:.4f} (regularized rollouts), "
+      f"{small['success']['rmse']:.4f} (success counts)")
   return {"harnesses": names, "large": large, "small": small}
 
 
@@ -677,41 +743,47 @@ def render(cfg, result: dict) -> str:
        f"{_pct(cfg.confidence)} interval holds J'", "units per cell"], rows))
   lines += ["", "## 2. Small differences during adaptation", "",
             f"Checkpoint trained on {ADAPT_SOURCE}; arm 1 adapted to {ADAPT_TARGET}, arm 0 "
-            f"continued on {ADAPT_SOURCE}, {cfg.adapt_steps} steps, evaluated every "
+            f"continued on {ADAPT_SOURCE}, {cfg.adapt_steps} Adam steps of "
+            f"{cfg.adapt_learning_rate}, evaluated every "
             f"{cfg.eval_every}. D = J_{ADAPT_TARGET}(adapted) − J_{ADAPT_SOURCE}(continued). "
             f"Budget per arm, instance and step: {sc.budget} units (one unit = one sampled "
-            f"transition or one policy query); rollouts of H = {sc.horizon} steps; mismatch "
-            f"side N = {sc.num_action_samples} actions per visited state (`{sc.estimator}`); "
-            f"{sc.num_seeds} seeds. The reversal is called at the first step whose "
-            "estimate is > 0 (point rule) or whose interval lies above 0 (interval rule).",
-            ""]
+            f"transition or one policy query) for each estimator; rollouts of H = {sc.horizon} "
+            f"steps; mismatch side N = {sc.num_action_samples} actions per visited state "
+            f"(`{sc.estimator}`); {sc.num_seeds} seeds. Two frequency estimators: rollouts of "
+            "the regularized return (unbiased for J) and success counts (the plain discounted "
+            "reward, unbiased for the plain value, not for J). Errors are against the exact D "
+            "at every evaluated step and seed.", ""]
   rows = []
+  names = {"mismatch": "C − M̂ (mismatch)", "rollout": "rollouts, regularized return",
+           "success": "rollouts, success counts"}
   for f, r in fams.items():
     s = r["small"]
     b = s["budget"]
-    rows.append([f, f"{b['num_mismatch_rollouts']} / {b['num_return_rollouts']}",
-                 f"{b['mismatch_units']} / {b['return_units']}",
-                 f"{s['mismatch']['rmse']:.4f}", f"{s['rollout']['rmse']:.4f}",
-                 f"{s['rmse_ratio']:.1f}×", PAPER["small_error_ratio"],
-                 f"{s['mismatch']['bias']:+.4f} / {s['rollout']['bias']:+.4f}",
-                 f"{s['mismatch']['overestimate']:+.4f} / {s['rollout']['overestimate']:+.4f}",
-                 f"{_pct(s['mismatch']['coverage'])} / {_pct(s['rollout']['coverage'])}"])
+    for name in ("mismatch", "rollout", "success"):
+      e = s[name]
+      n_roll = b["num_mismatch_rollouts"] if name == "mismatch" else b["num_return_rollouts"]
+      units = b["mismatch_units"] if name == "mismatch" else b["return_units"]
+      ratio = ("1" if name == "mismatch" else
+               f"{s['rmse_ratio' if name == 'rollout' else 'rmse_ratio_success']:.1f}×")
+      rows.append([f, names[name], f"{n_roll} × {units // max(n_roll, 1)}", f"{e['rmse']:.4f}",
+                   ratio, PAPER["small_error_ratio"] if name != "mismatch" else "—",
+                   f"{e['bias']:+.4f}", f"{e['overestimate']:+.4f}", _pct(e["coverage"])])
   lines.append(results.markdown_table(
-      ["family", "rollouts (mismatch / freq.)", "units spent", "RMSE mismatch",
-       "RMSE rollouts", "ratio", "paper", "bias (m / r)", "mean |D̂| − |D| (m / r)",
-       "interval holds D (m / r)"], rows))
-  lines += ["", "Reversal calls (training step of the first call, per seed):", ""]
+      ["family", "estimator", "rollouts × units", "RMSE of D̂", "RMSE / RMSE(C − M̂)", "paper",
+       "bias", "mean |D̂| − |D|", "interval holds D"], rows))
+  lines += ["", "Reversal calls (training step of the first call, per seed). True reversal: "
+            "the first evaluated step with exact D > 0.", ""]
   rows = []
   for f, r in fams.items():
     s = r["small"]
     t = s["true_step"]
-    for name in ("mismatch", "rollout"):
-      rows.append([f, "—" if t < 0 else str(t), name, _call(s[name]["point"], t),
-                   _call(s[name]["interval"], t), PAPER["small_call"] if name == "rollout"
-                   else "—"])
+    for name in ("mismatch", "rollout", "success"):
+      rows.append([f, "none" if t < 0 else str(t), names[name], _call(s[name]["point"], t),
+                   _call(s[name]["interval"], t),
+                   PAPER["small_call"] if name != "mismatch" else "—"])
   lines.append(results.markdown_table(
-      ["family", "true reversal step", "estimator", "point rule", "interval rule", "paper"],
-      rows))
+      ["family", "true reversal step", "estimator", "point rule (D̂ > 0)",
+       "interval rule (lower end > 0)", "paper"], rows))
   return "\n".join(lines) + "\n"
 
 
@@ -731,14 +803,17 @@ def plot(result: dict, path: str) -> None:
   for ax, (f, r) in zip(axes[0], fams.items()):
     s = r["small"]
     steps, e = np.asarray(s["steps"]), s["estimates"]
-    for name, color, dx in (("mismatch", "C0", -0.15), ("rollout", "C1", 0.15)):
+    width = float(np.diff(steps[:2]).sum()) or 1.0
+    for name, color, dx, label in (("mismatch", "C0", -0.2, "C − M̂"),
+                                   ("rollout", "C1", 0.0, "rollouts, regularized"),
+                                   ("success", "C2", 0.2, "rollouts, success counts")):
       v, lo, hi = (np.asarray(e[k])[0] for k in (name, f"{name}_low", f"{name}_high"))
-      ax.errorbar(steps + dx * np.diff(steps[:2]).sum(), v, yerr=[v - lo, hi - v], fmt="o",
-                  color=color, ms=3, capsize=2,
-                  label=f"{'C − M̂' if name == 'mismatch' else 'frequency rollouts'} (seed 0)")
+      ax.errorbar(steps + dx * width, v, yerr=[v - lo, hi - v], fmt="o", color=color, ms=3,
+                  capsize=2, label=f"{label} (seed 0, bootstrap interval)")
       ax.plot(steps, np.mean(np.asarray(e[name]), 0), color=color, lw=0.8, ls=":",
               label=f"mean over {np.asarray(e[name]).shape[0]} seeds")
     ax.plot(steps, s["exact"], "k-", lw=1.5, label="exact D")
+    ax.plot(steps, s["exact_plain"], "k--", lw=0.8, label="exact plain-value difference")
     ax.axhline(0.0, color="grey", lw=0.5)
     if s["true_step"] >= 0:
       ax.axvline(s["true_step"], color="k", lw=0.5, ls="--")
