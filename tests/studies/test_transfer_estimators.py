@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from harnax.core import sampling as core_sampling
 from harnax.studies import families
 from harnax.studies import transfer_estimators as te
 from tests.core import reference as ref
@@ -342,3 +343,30 @@ def test_script_writes_report_metrics_and_plot(tmp_path):
   assert np.asarray(fam["small"]["estimates"]["mismatch"]).shape == (60, 2)
   assert json.loads((tmp_path / "out" / "config.json").read_text())["num_test"] == 2
   assert (tmp_path / "out" / "adaptation.png").stat().st_size > 10_000
+
+
+def test_regularized_rollout_is_a_mismatch_estimate_along_its_own_actions(option):
+  # docs/transfer_estimators.md §3: with deterministic transitions, every trajectory satisfies
+  # sum_{t<H} g^t [r_t - tau log(pi/pi_ref)(a_t|s_t)]
+  #   = V*(s_0) - g^H V*(s_H) - tau sum_{t<H} g^t log(pi/pi*)(a_t|s_t),
+  # since tau log(pi*/pi_ref)(a|s) = Q*(s, a) - V*(s) = r(s, a) + g V*(s') - V*(s).
+  data, _, pols = option
+  b = data.test["H1"]
+  horizon = 12
+  for n in range(2):
+    p, r, g, mu0, pref = _numpy_instance(b, n)
+    assert np.all(np.isin(p, (0.0, 1.0)))                              # deterministic harness
+    pol = np.asarray(pols[1, 1, n])
+    v_star, _, pi_star = ref.soft_optimum(p, r, g, pref, TAU)[:3]
+    m = jax.tree.map(lambda x: x[n], b.mdp)
+    traj = core_sampling.rollout(jax.random.key(n), m, jnp.asarray(pol), num_envs=64,
+                                 num_steps=horizon)
+    st, ac = np.asarray(traj.states), np.asarray(traj.actions)
+    disc = g ** np.arange(horizon)
+    with np.errstate(divide="ignore"):
+      reg = (r[st, ac] - TAU * (np.log(pol[st, ac]) - np.log(pref[st, ac]))) @ disc
+      k1 = (np.log(pol[st, ac]) - np.log(pi_star[st, ac])) @ disc
+    final = np.asarray(traj.final_states)
+    np.testing.assert_allclose(reg, v_star[st[:, 0]] - g ** horizon * v_star[final] - TAU * k1,
+                               atol=1e-9)
+
