@@ -618,31 +618,43 @@ def metrics(result: dict) -> dict:
 
 
 def plot(result: dict, path: str) -> None:
-  """Exact-order recovery rate vs the proxy's gap `C - J(proxy)`, one line per ranker and
-  category map (pooled over families and seeds)."""
+  """Recovery vs the proxy's gap `C - J(proxy)`: one panel per category map and proxy access,
+  the exact-order rate (solid) and Spearman ρ (dashed) of each ranker; `pi*` and its mixtures
+  are joined by lines, trained proxies are single markers (pooled over families and seeds)."""
   import matplotlib  # noqa: PLC0415  (matplotlib is the scripts' dependency)
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
   pooled = pooled_recovery(result)
-  fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-  for ax, stat, title in ((axes[0], "exact", "exact order recovered"),
-                          (axes[1], "spearman", "Spearman ρ with exact J")):
-    groups: dict = {}
-    for (p, m, a), rec in pooled.items():
-      groups.setdefault((m, a), []).append((rec["gap"], rec))
-    for (m, a), pts in groups.items():
-      pts.sort(key=lambda x: x[0])
-      gaps = [g for g, _ in pts]
-      for r, style in zip(RANKERS, ("-o", "--s", ":^")):
-        ax.plot(gaps, [rec[r][stat] for _, rec in pts], style,
-                label=f"{'C̃ − M̃' if r == 'score' else ('C̃' if r == 'ceiling' else 'M̃')}"
-                      f" ({m}, {a})")
-    ax.set_xlabel("proxy gap: mean C − J(proxy)")
-    ax.set_title(title)
+  panels = sorted({(m, a) for _, m, a in pooled}, key=lambda x: (CATEGORY_MAPS.index(x[0]),
+                                                                 PROXY_ACCESS.index(x[1])))
+  cols = min(2, len(panels))
+  rows = -(-len(panels) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.8 * rows), squeeze=False,
+                           sharex=True, sharey=True)
+  colors = {"score": "tab:blue", "ceiling": "tab:gray", "mismatch": "tab:orange"}
+  labels = {"score": "C̃ − M̃", "ceiling": "C̃", "mismatch": "M̃"}
+  for ax, (m, a) in zip(axes.flat, panels):
+    pts = [(rec["gap"], p, rec) for (p, mm, aa), rec in pooled.items() if (mm, aa) == (m, a)]
+    line = sorted((x for x in pts if parse_proxy(x[1])[0] != "trained"), key=lambda x: x[0])
+    single = [x for x in pts if parse_proxy(x[1])[0] == "trained"]
+    for r in RANKERS:
+      for stat, style in (("exact", "-o"), ("spearman", "--")):
+        ax.plot([g for g, _, _ in line], [rec[r][stat] for _, _, rec in line], style,
+                color=colors[r], label=f"{labels[r]}: {'exact order' if stat == 'exact' else 'ρ'}")
+        ax.plot([g for g, _, _ in single], [rec[r][stat] for _, _, rec in single],
+                "s" if stat == "exact" else "x", color=colors[r], linestyle="none")
+    ax.set_title(f"{m} categories, proxy {a}", fontsize=10)
+    ax.axhline(0, color="k", lw=0.5)
     ax.grid(alpha=0.3)
-  axes[0].set_ylabel("mean over family × seed")
-  axes[1].legend(fontsize=7)
+  for ax in axes[-1]:
+    ax.set_xlabel("proxy gap: mean C − J(proxy)")
+  for ax in axes[:, 0]:
+    ax.set_ylabel("recovery (mean over family × seed)")
+  for ax in list(axes.flat)[len(panels):]:
+    ax.set_visible(False)
+  axes.flat[0].legend(fontsize=7, title="π* and mixtures (lines); trained: □ ×",
+                      title_fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
