@@ -181,7 +181,7 @@ LABELS = {
     "error_reduction": "score error reduction by post-training (own harness)",
     "own_lowest": "checkpoints with their lowest score error on their own harness",
     "reversal_decomposition": "field reversal: target shift / readout drift (RMS)",
-    "ranking_exact": "full harness ranking right (own checkpoints, per family)",
+    "ranking_exact": "full harness ranking right (own checkpoints vs success, per family)",
 }
 
 
@@ -241,7 +241,7 @@ def findings(studies: dict[str, miniwob.FamilyStudy]) -> dict[str, str]:
     drift = np.mean([d["readout_drift"] for s in fams for d in s.reversal_decompositions])
     out["reversal_decomposition"] = f"{shift:.3f} / {drift:.3f}"
     if len(names) > 2:
-      ranks = [miniwob_report.rankings(s)["own checkpoints"] for s in fams]
+      ranks = [miniwob_report.rankings(s)["own checkpoints"]["success"] for s in fams]
       out["ranking_exact"] = ", ".join(
           f"{k} {sum(r[k]['exact'] for r in ranks)} / {len(ranks)}" for k in ("C − M", "C", "M"))
   return out

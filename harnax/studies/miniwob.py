@@ -223,6 +223,8 @@ class FamilyStudy:
       decomposition of model i's score error on harness j (`transfer_metrics.
       decomposition_summary`, weighted by its occupancy on j).
     reversal_decompositions: `[n]` summaries of model i on harness i with reversed fields.
+    plain_return: the expected discounted raw reward (no KL term): `"frozen"` `[n, n]`
+      (model i on harness j) and `"base"` `[n]`.
   """
 
   family: str
@@ -251,6 +253,7 @@ class FamilyStudy:
   adapted_errors: dict = dataclasses.field(default_factory=dict)
   decompositions: dict = dataclasses.field(default_factory=dict)
   reversal_decompositions: list = dataclasses.field(default_factory=list)
+  plain_return: dict = dataclasses.field(default_factory=dict)
 
 
 def _mean(scores: Scores) -> Scores:
@@ -413,6 +416,13 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
                     for i, th in continued_params.items()},
       "adapted": {k: rate(pol, test_b[names[k[1]]]) for k, pol in adapted_pol.items()},
       "reversed": np.array([rate(pol, test_rb[h]) for pol, h in zip(reversed_pol, names)])}
+  def plain(pol, b):  # with pi_ref = pi the KL term vanishes: the plain discounted return
+    return float(np.mean(np.asarray(_plain_return(b.mdp, pol, jnp.asarray(tau,
+                                                                          pol.dtype)))))
+
+  plain_return = {"frozen": np.array([[plain(frozen_pol[i][j], test_b[hj])
+                                       for j, hj in enumerate(names)] for i in range(n)]),
+                  "base": np.array([plain(base_log[h][1], test_b[h]) for h in names])}
   optimal, optimal_return = [], []
   unchanged, flips = True, []
   for h in names:
@@ -441,7 +451,12 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
       num_train=len(train_tasks), num_test=len(test_tasks),
       selection="select" if select else "given", max_swaps=max_swaps, errors=error_matrix,
       base_errors=base_errors, adapted_errors=adapted_errors, decompositions=decompositions,
-      reversal_decompositions=reversal_decompositions)
+      reversal_decompositions=reversal_decompositions, plain_return=plain_return)
+
+
+@jax.jit
+def _plain_return(mdp, policy, tau):
+  return jax.vmap(lambda m, p: evaluation.evaluate_policy(m, p, p, tau).value)(mdp, policy)
 
 
 def _decomposition(source, target, source_solution, target_solution, source_log_policy,

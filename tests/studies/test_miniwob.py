@@ -23,7 +23,7 @@ def option_study():
   with jax.enable_x64(True):
     train, test = mw.task_split("click-option", 4, 3, seed=5)
     return st.run_family("click-option", train, test, tau=TAU, steps=40, adapt_steps=10,
-                         learning_rate=0.2), train, test
+                         learning_rate=0.2, swaps="select"), train, test
 
 
 def _unpadded_scores(theta, compiled):
@@ -70,16 +70,24 @@ def test_training_raises_the_return(option_study):
 def test_swap_identities(option_study):
   s, _, _ = option_study
   rows = st.swap_rows(s)
-  assert [r["swap"] for r in rows] == [f"{a} → {b}" for a, b in mw.SWAPS]
+  assert rows and [r["swap"] for r in rows] == [f"{a} → {b}" for a, b in s.swaps]
   for r in rows:
     assert r["threshold"] == pytest.approx(r["delta_ceiling"] + r["source_mismatch"])
     # Returns are evaluated independently of C and M: gain = T - M(adapted) is a check.
     assert r["realized_gain"] == pytest.approx(r["threshold"] - r["adapted_mismatch"],
                                                abs=1e-5)
   # H4 only adds instructions: the ceiling does not move.
-  h4 = next(r for r in rows if r["swap"] == "H0 → H4")
+  h4 = st.swap_rows(s, [("H0", "H4")])[0]
   assert h4["delta_ceiling"] == pytest.approx(0.0, abs=1e-9)
   assert s.optimal_decisions_unchanged
+
+
+def _plain_return(h, pol):
+  """The plain discounted return by a float64 NumPy linear solve."""
+  pol, p, r = (np.asarray(x, np.float64) for x in (pol, h.mdp.transitions, h.mdp.rewards))
+  v = np.linalg.solve(np.eye(len(p)) - float(h.mdp.discount) * np.einsum("sa,sat->st", pol, p),
+                      (pol * r).sum(-1))
+  return float(np.asarray(h.mdp.initial) @ v)
 
 
 def test_frozen_cell_matches_the_unpadded_reference(option_study):
@@ -89,6 +97,19 @@ def test_frozen_cell_matches_the_unpadded_reference(option_study):
   refs = np.array([_unpadded_scores(theta, mw.compile_harness(t, "H2")) for t in test])
   np.testing.assert_allclose([s.frozen.ceiling[0, 2], s.frozen.value[0, 2],
                               s.frozen.mismatch[0, 2]], refs.mean(0), atol=1e-6)
+  # The score error and the plain return of the same cell.
+  errs, plain = [], []
+  for t in test:
+    c = mw.compile_harness(t, "H2")
+    h = c.harness
+    logp = jax.nn.log_softmax(jnp.asarray(fe.harness_features(c)) @ theta, axis=-1)
+    log_pol = hh.semantic_log_policy(h, logp, invalid="noop")
+    errs.append(float(families.score_error_rms(h.mdp, log_pol, h.pi_ref, TAU)))
+    plain.append(_plain_return(h, jnp.exp(log_pol)))
+  assert s.errors[0, 2] == pytest.approx(np.mean(errs), rel=1e-6)
+  assert s.plain_return["frozen"][0, 2] == pytest.approx(np.mean(plain), rel=1e-6)
+  # Without the KL price the return can only be higher than J.
+  assert np.all(s.plain_return["frozen"] >= s.frozen.value - 1e-9)
 
 
 def test_bad_input():
@@ -134,49 +155,29 @@ def test_study_reports_success_and_optimal_return(option_study):
 
 # -- the paper's selection rule and the per-checkpoint metrics ----------------------------------
 
-SUBSET = ("H0", "H1", "H3", "H4")
-
-
-@pytest.fixture(scope="module")
-def select_study():
-  with jax.enable_x64(True):
-    train, test = mw.task_split("click-option", 2, 2, seed=11)
-    return st.run_family("click-option", train, test, tau=TAU, steps=15, adapt_steps=4,
-                         learning_rate=0.2, harnesses=SUBSET, swaps="select"), train, test
-
-
-def test_select_adapts_exactly_the_rejected_swaps_with_positive_threshold(select_study):
-  s, _, _ = select_study
-  f, n = s.frozen, len(SUBSET)
+def test_select_adapts_exactly_the_rejected_swaps_with_positive_threshold(option_study):
+  s, _, _ = option_study
+  names = s.harnesses
+  f, n = s.frozen, len(names)
   want = [(i, j) for i in range(n) for j in range(n) if i != j
           and f.value[i, j] - f.value[i, i] < 0
           and f.ceiling[j, j] - f.ceiling[i, i] + f.mismatch[i, i] > 0]
   assert s.selection == "select" and sorted(s.adapted) == want
-  assert s.swaps == tuple((SUBSET[i], SUBSET[j]) for i, j in want)
+  assert s.swaps == tuple((names[i], names[j]) for i, j in want)
   rows = st.swap_rows(s, st.all_pairs(s))
   assert len(rows) == n * (n - 1)
   assert [r["swap"] for r in rows if r["selected"]] == [f"{a} → {b}" for a, b in s.swaps]
   for r in rows:
     if r["selected"]:  # every source got the continued control (controls=None)
-      a = SUBSET.index(r["swap"].split(" → ")[0])
+      a = names.index(r["swap"].split(" → ")[0])
       assert r["gain_vs_continued"] == pytest.approx(
           r["realized_gain"] + f.value[a, a] - s.continued[a].value)
   assert set(s.decompositions) == set(s.adapted) == set(s.adapted_errors)
 
 
-def test_error_matrix_cell_matches_the_unpadded_reference(select_study):
-  s, train, test = select_study
-  batch = st.pad_batch([mw.compile_harness(t, "H0") for t in train])
-  theta, _ = st.train(batch, tau=TAU, steps=15, learning_rate=0.2)
-  errs = []
-  for t in test:
-    h = mw.compile_harness(t, "H1").harness
-    logp = jax.nn.log_softmax(jnp.asarray(fe.harness_features(mw.compile_harness(t, "H1")))
-                              @ theta, axis=-1)
-    log_pol = hh.semantic_log_policy(h, logp, invalid="noop")
-    errs.append(float(families.score_error_rms(h.mdp, log_pol, h.pi_ref, TAU)))
-  assert s.errors[0, 1] == pytest.approx(np.mean(errs), rel=1e-6)
-  assert s.errors.shape == (len(SUBSET),) * 2 and np.all(s.errors > 0)
+def test_base_model_error_matches_the_unpadded_reference(option_study):
+  s, _, test = option_study
+  assert s.errors.shape == (len(s.harnesses),) * 2 and np.all(s.errors > 0)
   # The base model (zero weights): every output equally likely.
   base = []
   for t in test:
@@ -185,29 +186,30 @@ def test_error_matrix_cell_matches_the_unpadded_reference(select_study):
     log_pol = hh.semantic_log_policy(c.harness, np.full((c.harness.num_states, o), -np.log(o)),
                                      invalid="noop")
     base.append(float(families.score_error_rms(c.harness.mdp, log_pol, c.harness.pi_ref, TAU)))
-  assert s.base_errors[2] == pytest.approx(np.mean(base), rel=1e-6)
+  assert s.base_errors[s.harnesses.index("H3")] == pytest.approx(np.mean(base), rel=1e-6)
 
 
-def test_reversal_decomposition_moves_only_the_readout(select_study):
-  s, _, _ = select_study
+def test_reversal_decomposition_moves_only_the_readout(option_study):
+  s, _, _ = option_study
   for d in s.reversal_decompositions:
     assert d["target_shift"] == 0.0            # same MDP, same pi_ref: F* does not move
     assert d["readout_drift"] > 0.0 and 0.0 < d["coverage"] <= 1.0
-  # H4 only adds instructions: its swaps from H0 shift no target either.
-  if (0, 3) in s.decompositions:
-    assert s.decompositions[(0, 3)]["target_shift"] == pytest.approx(0.0, abs=1e-12)
+  # H4 only adds instructions: a swap between H0 and H4 shifts no target either.
+  for key in ((0, 4), (4, 0)):
+    if key in s.decompositions:
+      assert s.decompositions[key]["target_shift"] == pytest.approx(0.0, abs=1e-12)
 
 
-def test_report_sections_and_metrics_of_a_selected_study(select_study):
+def test_report_sections_and_metrics_of_a_selected_study(option_study):
   import json
 
   import ml_collections
 
   from harnax.studies import miniwob_report as rep
-  s, _, _ = select_study
+  s, _, _ = option_study
   cfg = ml_collections.ConfigDict(dict(
-      families=("click-option",), num_train=2, num_test=2, split_seed=11, discount=0.9,
-      tau=TAU, steps=15, adapt_steps=4, swap_rule="select", max_swaps=None))
+      families=("click-option",), num_train=4, num_test=3, split_seed=5, discount=0.9,
+      tau=TAU, steps=40, adapt_steps=10, swap_rule="select", max_swaps=None))
   result = {"families": {"click-option": s}, "by_pi_ref": {"uniform": {"click-option": s}},
             "seconds": 1.0}
   text = rep.render(cfg, result)
@@ -216,13 +218,14 @@ def test_report_sections_and_metrics_of_a_selected_study(select_study):
                   "## The reference policy π_ref"):
     assert heading in text
   assert "(paper: 9)" in text and "paper 7 / 7" in text and "69.0 % to 90.0 %" in text
-  assert sum(line.startswith("| from H") for line in text.splitlines()) == len(SUBSET)
+  assert sum(line.startswith("| from H") for line in text.splitlines()) == 6
   m = json.loads(json.dumps(rep.metrics(result)))
   fam = m["families"]["click-option"]
-  assert fam["selection"]["num_pairs"] == 12
+  assert fam["selection"]["num_pairs"] == 30
   assert fam["selection"]["num_selected"] == len(s.swaps)
   np.testing.assert_allclose(fam["errors"]["matrix"], s.errors)
   assert set(fam["rankings"]) == {"base model", "π_H0, frozen", "own checkpoints"}
+  assert set(fam["rankings"]["own checkpoints"]) == {"success", "plain return"}
 
 
 def test_selection_bad_input():
