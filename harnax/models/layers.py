@@ -294,9 +294,11 @@ def attend_blocks(q: Array, blocks, *, scale: float, softcap: float | None = Non
       functools.reduce(jnp.maximum, [jnp.max(x, -1, keepdims=True) for x in logits]))
   exps = [jnp.exp(x - top) for x in logits]
   denom = functools.reduce(jnp.add, [jnp.sum(e, -1, keepdims=True) for e in exps])
+  # Normalized after the value matmuls: D divisions per query instead of one per key.
   out = functools.reduce(jnp.add, [
-      jnp.einsum("bkqs,bksd->bkqd", (e / denom).astype(v.dtype), v)
+      jnp.einsum("bkqs,bksd->bkqd", e.astype(v.dtype), v, preferred_element_type=acc)
       for e, (_, v, _) in zip(exps, blocks)])
+  out = (out / denom).astype(q.dtype)
   return out.reshape(b, kv_heads, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
@@ -357,41 +359,35 @@ class Attention(nnx.Module):
     return self.o_proj(out.reshape(b, t, -1))
 
 
-  def tree_attend_and_project(self, q: Array, k: Array, v: Array, positions: Array,
-                              valid: Array, ancestors: Array, *, num_prompt: int,
-                              start: int = 0) -> Array:
-    """Attention of a prompt packed with the prefix tree of its continuations, then the
-    output projection -> [B, Tp + N - start, hidden].
+  def tree_attend_and_project(self, prompt_qkv, node_qkv, prompt_query_pos: Array,
+                              prompt_pos: Array, prompt_valid: Array, node_pos: Array,
+                              ancestors: Array) -> tuple[Array, Array]:
+    """Attention of a prompt and the prefix tree of its continuations, then the output
+    projection: ``(prompt out [B, Tq, hidden], node out [B, N, hidden])``.
 
     Prompt slots attend causally over the prompt only: the always-masked prompt-to-tree
     block is never computed. A tree node attends over the prompt and, in the same softmax,
-    over its ancestors in the tree (`attend_blocks`).
+    over its ancestors in the tree (`attend_blocks`). Prompt and tree are separate arrays
+    throughout, so no keys are sliced out of a packed row.
 
     Args:
-      q: [B, Tp + N - start, H, D] queries of the slots from ``start`` on.
-      k, v: [B, K, Tp + N, D] keys and values of every slot (heads-major).
-      positions, valid: [B, Tp + N].
+      prompt_qkv: queries [B, Tq, H, D] of the prompt slots whose output is needed (the
+        last ``Tq`` of them), keys and values [B, K, Tp, D] of all of them.
+      node_qkv: queries [B, N, H, D], keys and values [B, K, N, D] of the tree nodes.
+      prompt_query_pos: [B, Tq]; prompt_pos, prompt_valid: [B, Tp]; node_pos: [B, N].
       ancestors: [B, N, N] boolean, node m is node n's ancestor (or n itself).
-      num_prompt: Tp; start: the first query slot (at most Tp).
     """
-    tp = num_prompt
-    pos_p, pos_n, valid_p = positions[:, :tp], positions[:, tp:], valid[:, :tp]
-    prompt = (k[:, :, :tp], v[:, :, :tp])
-    outs = []
-    if start < tp:
-      mask = attention_mask(pos_p[:, start:], pos_p, valid_p, window=self.window)
-      outs.append(attend(q[:, :tp - start], *prompt, mask, scale=self.scale,
-                         softcap=self.softcap))
+    qp, kp, vp = prompt_qkv
+    qn, kn, vn = node_qkv
+    mask = attention_mask(prompt_query_pos, prompt_pos, prompt_valid, window=self.window)
+    out_p = attend(qp, kp, vp, mask, scale=self.scale, softcap=self.softcap)
     tree_mask = ancestors
     if self.window is not None:
-      tree_mask &= pos_n[:, :, None] - pos_n[:, None, :] < self.window
-    blocks = [prompt + (attention_mask(pos_n, pos_p, valid_p, window=self.window),),
-              (k[:, :, tp:], v[:, :, tp:], tree_mask)]
-    outs.append(attend_blocks(q[:, max(tp - start, 0):], blocks, scale=self.scale,
-                              softcap=self.softcap))
-    out = jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
-    b, t = out.shape[:2]
-    return self.o_proj(out.reshape(b, t, -1))
+      tree_mask &= node_pos[:, :, None] - node_pos[:, None, :] < self.window
+    blocks = [(kp, vp, attention_mask(node_pos, prompt_pos, prompt_valid, window=self.window)),
+              (kn, vn, tree_mask)]
+    out_n = attend_blocks(qn, blocks, scale=self.scale, softcap=self.softcap)
+    return tuple(self.o_proj(o.reshape(o.shape[:2] + (-1,))) for o in (out_p, out_n))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -154,26 +154,31 @@ class DecoderLayer(nnx.Module):
       h = self.post_mlp_norm(h)
     return constrain(x + h, ("batch", "seq", "act_embed"))
 
-  def tree_forward(self, x: Array, positions: Array, valid: Array, ancestors: Array, *,
-                   num_prompt: int, start: int = 0) -> Array:
-    """One block over a prompt packed with a prefix tree of its continuations.
+  def tree_forward(self, xp: Array, xn: Array, prompt_pos: Array, prompt_valid: Array,
+                   node_pos: Array, ancestors: Array, *, last: bool = False
+                   ) -> tuple[Array, Array]:
+    """One block over a prompt and the prefix tree of its continuations.
 
     Args:
-      x: [B, Tp + N, hidden]: ``Tp = num_prompt`` (left-padded) prompt slots, then N nodes.
-      positions, valid: [B, Tp + N].
-      ancestors: [B, N, N] boolean, node m is node n's ancestor (or n itself).
-      start: the first slot whose output is needed; the keys of every slot are computed. In
-        the last layer ``Tp - 1`` keeps only what predicts tokens: the last prompt slot and
-        the nodes.
+      xp: [B, Tp', hidden] the prompt slots (left-padded); xn: [B, N, hidden] the nodes.
+      prompt_pos, prompt_valid: [B, Tp] (Tp >= Tp': the prompt's keys always cover all Tp
+        slots; `xp` is all of them except after a ``last`` block).
+      node_pos: [B, N]; ancestors: [B, N, N] boolean, node m is node n's ancestor (or n).
+      last: keep only what predicts tokens, the last prompt slot and the nodes (the last
+        layer): the other prompt slots' outputs are never read.
 
     Returns:
-      [B, Tp + N - start, hidden], the block's output at slots ``start ...``.
+      ``(xp [B, 1 if last else Tp, hidden], xn [B, N, hidden])`` after the block.
     """
-    h = self.attn_norm(x)
-    q, k, v = self.attn.project_qkv(h, positions)
-    h = self.attn.tree_attend_and_project(q[:, start:], k, v, positions, valid, ancestors,
-                                          num_prompt=num_prompt, start=start)
-    return self._residuals(x[:, start:], h)
+    hp, hn = self.attn_norm(xp), self.attn_norm(xn)
+    qp, kp, vp = self.attn.project_qkv(hp, prompt_pos)
+    node_qkv = self.attn.project_qkv(hn, node_pos)
+    query_pos = prompt_pos
+    if last:
+      qp, xp, query_pos = qp[:, -1:], xp[:, -1:], prompt_pos[:, -1:]
+    hp, hn = self.attn.tree_attend_and_project((qp, kp, vp), node_qkv, query_pos, prompt_pos,
+                                               prompt_valid, node_pos, ancestors)
+    return self._residuals(xp, hp), self._residuals(xn, hn)
 
 
 class CausalLM(nnx.Module):
@@ -291,16 +296,16 @@ class CausalLM(nnx.Module):
       raise ValueError(f"node_path: expected shape [{b}, {n}, A], got {node_path.shape}")
     length = jnp.sum(pmask, axis=-1, dtype=jnp.int32)
     depth = jnp.sum(node_path >= 0, axis=-1, dtype=jnp.int32) - 1
-    positions = jnp.concatenate([positions_from_mask(pmask),
-                                 length[:, None] + jnp.maximum(depth, 0)], axis=-1)
-    valid = jnp.concatenate([pmask, node_mask.astype(bool)], axis=-1)
+    prompt_pos = positions_from_mask(pmask)
+    node_pos = length[:, None] + jnp.maximum(depth, 0)
     ancestors = jnp.any(node_path[:, :, :, None] == jnp.arange(n)[None, None, None, :],
                         axis=2)                                            # [B, N, N]
-    x = self._embed(jnp.concatenate([prompt_ids, node_ids], axis=-1))
+    xp, xn = self._embed(prompt_ids), self._embed(node_ids)
     last = len(self.layers) - 1
     for i, layer in enumerate(self.layers):
-      x = layer.tree_forward(x, positions, valid, ancestors, num_prompt=tp,
-                             start=tp - 1 if i == last else 0)
+      xp, xn = layer.tree_forward(xp, xn, prompt_pos, pmask, node_pos, ancestors,
+                                  last=i == last)
+    x = jnp.concatenate([xp, xn], axis=1)
     return self.norm(x)
 
   def hidden_states_with_cache(self, input_ids: Array, attention_mask: Array | None = None, *,

@@ -74,6 +74,34 @@ def test_attention_softcap_window_and_gqa_match_eager_kernel():
   assert np.isfinite(np.asarray(out)).all()
 
 
+def test_attention_over_key_blocks_matches_eager_kernel_on_the_concatenated_keys():
+  """`attend_blocks` (one softmax over two key blocks, each with its own mask) against
+  transformers' eager kernel over the concatenated keys, with GQA and a soft-cap."""
+  from transformers.models.gemma3.modeling_gemma3 import eager_attention_forward
+  rng = np.random.RandomState(3)
+  b, t, h, k, d, s1, s2 = 2, 5, 4, 2, 8, 6, 5
+  q = rng.randn(b, t, h, d).astype(np.float32) * 2
+  keys = [rng.randn(b, s, k, d).astype(np.float32) * 2 for s in (s1, s2)]
+  vals = [rng.randn(b, s, k, d).astype(np.float32) for s in (s1, s2)]
+  masks = [rng.rand(b, t, s) < 0.6 for s in (s1, s2)]
+  masks[0][0, 1], masks[1][0, 1] = False, False  # a query with nothing visible
+  masks[1][1, 2] = True  # and one that sees a whole block
+  mask = np.concatenate(masks, -1)
+  module = torch.nn.Module()
+  module.num_key_value_groups, module.head_dim, module.training = h // k, d, False
+  additive = torch.tensor(np.where(mask, 0.0, -1e30)[:, None], dtype=torch.float32)
+  cat = lambda xs: torch.tensor(np.concatenate(xs, 1)).transpose(1, 2)
+  ref, _ = eager_attention_forward(module, torch.tensor(q).transpose(1, 2), cat(keys),
+                                   cat(vals), additive, scaling=0.3, softcap=2.0)
+  heads_major = lambda a: jnp.asarray(a).transpose(0, 2, 1, 3)
+  out = np.asarray(layers.attend_blocks(
+      jnp.asarray(q), [(heads_major(kk), heads_major(vv), jnp.asarray(m))
+                       for kk, vv, m in zip(keys, vals, masks)], scale=0.3, softcap=2.0))
+  rows = mask.any(-1)
+  np.testing.assert_allclose(out[rows], ref.numpy()[rows], atol=1e-5)
+  assert np.isfinite(out).all()
+
+
 def test_window_mask_semantics():
   pos = jnp.arange(6)[None]
   m = np.asarray(layers.attention_mask(pos, pos, jnp.ones((1, 6), bool), window=2))[0]
