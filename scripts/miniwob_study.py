@@ -5,9 +5,12 @@
 For every family of the config: task instances split into train / held-out, each compiled
 under H0–H5 (harnax.envs.miniwob); a log-linear text policy trained by exact policy
 gradient on each harness, read through every harness ("frozen") and adapted along the
-swaps of the config. Writes `report.md`, `metrics.json`, `config.json` and `study.png` to
-`<output_dir>/`; progress goes to standard error. The pipeline is `harnax.studies.miniwob`
-and `harnax.studies.miniwob_report`.
+swaps the frozen comparison rejects while T > 0 (the harness-transfer study's rule, or the
+config's list), once per reference policy of `pi_refs`; the report adds the checkpoint ×
+harness score error, the three-way decomposition and the harness rankings
+(harnax.studies.transfer_metrics). Writes `report.md`, `metrics.json`, `config.json` and
+`study.png` to `<output_dir>/`; progress goes to standard error. The pipeline is
+`harnax.studies.miniwob` and `harnax.studies.miniwob_report`.
 """
 
 import os
