@@ -53,10 +53,14 @@ def test_quick_run_writes_consistent_tables(tmp_path):
   # Section 2: torch agrees with harnax (the script refuses to time otherwise), one thread.
   [versus] = _table(text, "| size | threads |")
   assert versus[1] == "1"
-  assert float(versus[10]) <= 1e-4
-  embed_err, norm_err = (float(x) for x in versus[11].split(" / "))
+  assert float(versus[12]) <= 1e-4
+  embed_err, norm_err = (float(x) for x in versus[13].split(" / "))
   assert embed_err <= 1e-3 and norm_err <= 1e-3
   assert float(versus[6]) > 0
+  # CPU time (process time): the ratio column follows from the two times.
+  cpu_harnax, cpu_torch = (_seconds(x) for x in versus[10].split(" / "))
+  if min(cpu_harnax, cpu_torch) >= 0.01:
+    assert abs(float(versus[11]) - cpu_torch / cpu_harnax) <= 0.1 * float(versus[11]) + 0.02
   # The one-thread run is profiled: one row per framework, shares summing to ~100%.
   breakdown = _table(text, "| size | threads | framework |")
   assert [row[2] for row in breakdown] == ["harnax", "torch"]
@@ -73,7 +77,7 @@ def test_quick_run_writes_consistent_tables(tmp_path):
 
   # Targets: the verdicts follow from the ratios.
   targets = _table(text, "| comparison |")
-  assert len(targets) == 3
+  assert len(targets) == 4  # tree vs cache, vs unshared, vs torch (wall and CPU time)
   for name, value, value_min, goal, met, met_min in targets:
     if goal == "-":
       assert met == met_min == "-"
