@@ -216,6 +216,33 @@ def sample_episodes(rng: np.random.Generator, compiled: mw.CompiledHarness, poli
           for i in range(e)]
 
 
+def categorize_episodes(episodes: Sequence[proxy.Episode], cmap: dict) -> list:
+  """The episodes with every sampled output replaced by its category (`cmap[output]`) and
+  every distribution summed per category: what a log holds once outputs are mapped to
+  common categories. Raises a ValueError naming an output `cmap` does not map."""
+  def cat(x):
+    if x not in cmap:
+      raise ValueError(f"cmap: no category for output {x!r}; expected one of {sorted(cmap)}")
+    return cmap[x]
+
+  def probs(pairs):
+    if pairs is None:
+      return None
+    out: dict = {}
+    for x, pr in pairs:
+      out[cat(x)] = out.get(cat(x), 0.0) + pr
+    return tuple(out.items())
+
+  return [dataclasses.replace(e, steps=tuple(dataclasses.replace(
+      st, policy_samples=tuple(map(cat, st.policy_samples)),
+      proxy_samples=tuple(map(cat, st.proxy_samples)), policy_probs=probs(st.policy_probs),
+      proxy_probs=probs(st.proxy_probs)) for st in e.steps)) for e in episodes]
+
+
+def _same(category: str) -> str:
+  return category
+
+
 # -- the study --------------------------------------------------------------------------
 
 
@@ -346,24 +373,23 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
         # One draw of episodes per (seed, proxy, access) serves every category map.
         rng = np.random.default_rng([int(seed), mw.FAMILIES.index(family),
                                      zlib.crc32(p.encode()), PROXY_ACCESS.index(a)])
-        eps = []
+        drawn = []                 # (instance, its episodes)
         for h in names:
           for n, c in enumerate(test_c[h]):
             pol, q = sl(c, frozen[h][n]), sl(c, proxy_of(p, h)[n])
             kw = dict(tau=tau, horizon=horizon, policy_samples=policy_samples,
                       proxy_samples=proxy_samples, proxy_access=a)
-            eps += sample_episodes(rng, c, pol, q, num_episodes=episodes_per_instance,
-                                   actor="policy", episode_prefix=f"{h}/{n}/p", **kw)
-            eps += sample_episodes(rng, c, pol, q, num_episodes=proxy_episodes_per_instance,
-                                   actor="proxy", episode_prefix=f"{h}/{n}/q", **kw)
+            drawn.append((c, sample_episodes(
+                rng, c, pol, q, num_episodes=episodes_per_instance, actor="policy",
+                episode_prefix=f"{h}/{n}/p", **kw) + sample_episodes(
+                rng, c, pol, q, num_episodes=proxy_episodes_per_instance, actor="proxy",
+                episode_prefix=f"{h}/{n}/q", **kw)))
         for m in category_maps:
-          cmap = {}
-          for cs in test_c.values():
-            for c in cs:
-              cmap.update(category_map(c, m))
+          # Each instance's own map: "click [3]" is a radio on one page, Submit on another.
+          eps = [e for c, es in drawn for e in categorize_episodes(es, category_map(c, m))]
           estimates[(p, m, a, int(seed))] = proxy.proxy_estimates(
-              eps, categorizer=cmap.__getitem__, categories=cats[m], tau=tau,
-              discount=discount, smoothing=smoothing)
+              eps, categorizer=_same, categories=cats[m], tau=tau, discount=discount,
+              smoothing=smoothing)
     log(f"{family}: seed {seed} estimated ({len(proxies)} proxies)")
   return FamilyValidation(family=family, harnesses=names, exact=exact, proxy_value=proxy_value,
                           limit_mismatch=limit, expected_decisions=decisions,
