@@ -179,17 +179,19 @@ def error_summary(errors, base_errors) -> dict:
 # -- rankings -------------------------------------------------------------------------------
 
 
-def discordant_pairs(predicted, realized) -> int:
+def discordant_pairs(predicted, realized, *, decimals: int = 9) -> int:
   """Pairs `(a, b)` ordered strictly one way by `predicted` and strictly the other by
   `realized`; 0 iff the prediction gets the full ranking right (ties in `realized` leave
-  any order of their pair right)."""
-  p, r = np.asarray(predicted, float), np.asarray(realized, float)
+  any order of their pair right). Values equal to `decimals` places are ties: two harnesses
+  that give the same numbers up to rounding (H0 and H4 for a model whose reading ignores
+  the instructions) are not ordered by float noise."""
+  p, r = (np.round(np.asarray(x, float), decimals) for x in (predicted, realized))
   sp = np.sign(p[:, None] - p[None, :])
   sr = np.sign(r[:, None] - r[None, :])
   return int(np.sum(np.triu(sp * sr < 0, 1)))
 
 
-def ranking_agreement(ceiling, mismatch, realized) -> dict:
+def ranking_agreement(ceiling, mismatch, realized, *, decimals: int = 9) -> dict:
   """How `C − M`, `C` alone and `M` alone rank the harnesses against a realized ranking.
 
   Args:
@@ -198,13 +200,16 @@ def ranking_agreement(ceiling, mismatch, realized) -> dict:
 
   Returns:
     `{"C − M": ..., "C": ..., "M": ...}`, each `{"spearman", "kendall", "discordant",
-    "exact"}`; `M` ranks by `−M` (less mismatch predicts more return). A constant
-    predictor gives NaN correlations (and is not exact unless `realized` is constant).
+    "exact"}`; `M` ranks by `−M` (less mismatch predicts more return). Values equal to
+    `decimals` places are ties (`discordant_pairs`). A constant predictor gives NaN
+    correlations (and is not exact unless `realized` is constant).
   """
   c, m, y = (np.asarray(x, float) for x in (ceiling, mismatch, realized))
+  y = np.round(y, decimals)
   out = {}
   for name, pred in (("C − M", c - m), ("C", c), ("M", -m)):
-    d = discordant_pairs(pred, y)
+    pred = np.round(pred, decimals)
+    d = discordant_pairs(pred, y, decimals=decimals)
     const = np.ptp(pred) == 0 or np.ptp(y) == 0
     out[name] = {"spearman": np.nan if const else float(rank.spearman(pred, y)),
                  "kendall": np.nan if const else float(rank.kendall_tau_b(pred, y)),

@@ -118,6 +118,11 @@ def test_ranking_agreement_only_the_difference_is_exact():
 def test_discordant_pairs_ties_in_the_outcome_allow_either_order():
   assert tm.discordant_pairs([1.0, 2.0, 3.0], [0.5, 0.5, 1.0]) == 0
   assert tm.discordant_pairs([2.0, 1.0, 3.0], [0.5, 0.6, 1.0]) == 1
+  # Float noise is no order: equal to 9 places is a tie.
+  assert tm.discordant_pairs([1.0, 1.0 + 1e-13, 2.0], [0.5 + 1e-14, 0.5, 1.0]) == 0
+  noisy = tm.ranking_agreement([1.0, 1.0 + 1e-13, 2.0], [0.0, 0.0, 0.0],
+                               [0.5 + 1e-14, 0.5, 1.0])
+  assert noisy["C"]["exact"] and noisy["C"]["spearman"] == pytest.approx(1.0)
   const = tm.ranking_agreement([1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.1, 0.2, 0.3])
   assert np.isnan(const["C"]["spearman"]) and not const["C"]["exact"]
 
