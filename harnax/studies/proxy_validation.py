@@ -304,7 +304,24 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
                policy_samples: int = 8, proxy_samples: int = 8, horizon: int = 40,
                smoothing: float = 0.25, log: Log | None = None) -> FamilyValidation:
   """Runs the validation on one family (module docstring); everything but the sampling
-  is exact."""
+  is exact.
+
+  Args:
+    family: the family's name; train_tasks, test_tasks: its training and held-out instances.
+    tau, discount: temperature and discount of every compiled MDP (and of `M~`).
+    steps, learning_rate: exact-gradient (Adam) training of the frozen policy on H0.
+    proxies: names for `parse_proxy` (`"optimal"`, `"mix:w"`, `"trained:k"`).
+    category_maps: names from `CATEGORY_MAPS`; proxy_access: names from `PROXY_ACCESS`.
+    seeds: one independent draw of every episode per seed.
+    episodes_per_instance, proxy_episodes_per_instance: the frozen policy's episodes (for
+      `M~`) and the proxy's (for `C~`) per held-out instance and harness.
+    policy_samples, proxy_samples, horizon: per decision samples and the decision cap.
+    smoothing: alpha of `proxy.proxy_estimates`.
+    log: receives a progress line per stage.
+
+  Returns:
+    `FamilyValidation`.
+  """
   log = log or (lambda _: None)
   parsed = {p: parse_proxy(p) for p in proxies}
   for m in category_maps:
