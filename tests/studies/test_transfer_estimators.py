@@ -247,12 +247,13 @@ def test_difference_from_samples_matches_numpy():
 
 
 def test_training_path_is_the_training_run(option):
+  # The fixture's trained model is LogLinearFamily(0.1).train(theta0, train["H0"], 20 steps).
   data, thetas, _ = option
-  path = te.training_path(thetas[1], data.train["H1"], tau=TAU, steps=6, learning_rate=0.1)
-  assert path.shape == (7, thetas[1].shape[0])
-  np.testing.assert_array_equal(path[0], thetas[1])
-  final, _ = families.LogLinearFamily(0.1).train(thetas[1], data.train["H1"], tau=TAU, steps=6)
-  np.testing.assert_allclose(path[-1], final, rtol=1e-10, atol=1e-12)
+  path = te.training_path(thetas[0], data.train["H0"], tau=TAU, steps=20, learning_rate=0.1)
+  assert path.shape == (21, thetas[0].shape[0])
+  np.testing.assert_array_equal(path[0], thetas[0])
+  np.testing.assert_allclose(path[-1], thetas[1], rtol=1e-10, atol=1e-12)
+  assert not np.allclose(path[1], path[0])
 
 
 def test_bad_inputs_raise_naming_the_field(option):
