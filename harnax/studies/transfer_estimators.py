@@ -799,7 +799,7 @@ def plot(result: dict, path: str) -> None:
   import matplotlib.pyplot as plt  # noqa: PLC0415
 
   fams = result["families"]
-  fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 4), squeeze=False)
+  fig, axes = plt.subplots(1, len(fams), figsize=(5 * len(fams), 4.8), squeeze=False)
   for ax, (f, r) in zip(axes[0], fams.items()):
     s = r["small"]
     steps, e = np.asarray(s["steps"]), s["estimates"]
@@ -811,7 +811,7 @@ def plot(result: dict, path: str) -> None:
       ax.errorbar(steps + dx * width, v, yerr=[v - lo, hi - v], fmt="o", color=color, ms=3,
                   capsize=2, label=f"{label} (seed 0, bootstrap interval)")
       ax.plot(steps, np.mean(np.asarray(e[name]), 0), color=color, lw=0.8, ls=":",
-              label=f"mean over {np.asarray(e[name]).shape[0]} seeds")
+              label=f"{label}: mean over {np.asarray(e[name]).shape[0]} seeds")
     ax.plot(steps, s["exact"], "k-", lw=1.5, label="exact D")
     ax.plot(steps, s["exact_plain"], "k--", lw=0.8, label="exact plain-value difference")
     ax.axhline(0.0, color="grey", lw=0.5)
@@ -820,8 +820,9 @@ def plot(result: dict, path: str) -> None:
     ax.set_title(f"{f}: J_{ADAPT_TARGET}(adapted) − J_{ADAPT_SOURCE}(continued)", fontsize=9)
     ax.set_xlabel("adaptation step")
     ax.set_ylabel("D")
-  axes[0][0].legend(fontsize=7)
-  fig.tight_layout()
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7)
+  fig.tight_layout(rect=(0, 0.14, 1, 1))
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
