@@ -350,10 +350,10 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
   sol = {h: solve(test_b[h].mdp, test_b[h].pi_ref) for h in names}
   sol_r = {h: solve(test_rb[h].mdp, test_rb[h].pi_ref) for h in names}
 
-  def errors(log_pol, h, solution=None):
-    b, so = (test_b[h], sol[h]) if solution is None else solution
+  def errors(log_pol, h):
+    b = test_b[h]
     return float(np.mean(np.asarray(transfer_metrics.score_errors(
-        b.mdp, log_pol, b.pi_ref, so.policy, jnp.asarray(tau, b.pi_ref.dtype)))))
+        b.mdp, log_pol, b.pi_ref, sol[h].policy, jnp.asarray(tau, b.pi_ref.dtype)))))
 
   # Each semantic policy is built once and both evaluated and rolled forward.
   frozen_log = [[read(thetas[hi], test_b[hj]) for hj in names] for hi in names]
@@ -372,16 +372,15 @@ def run_family(family: str, train_tasks, test_tasks, *, tau: float = 0.1,
     swaps = transfer_metrics.select_swaps(np.diagonal(frozen.ceiling),
                                           np.diagonal(frozen.mismatch), frozen.value, names,
                                           max_swaps=max_swaps)
-    log(f"{family}: the frozen comparison rejects {len(swaps)} swaps with T > 0"
-        + (f" (at most {max_swaps} kept)" if max_swaps is not None else ""))
+    log(f"{family}: adapting along {len(swaps)} swaps the frozen comparison rejects with "
+        f"T > 0" + (f" (at most {max_swaps}, largest T)" if max_swaps is not None else ""))
   elif max_swaps is not None:
     swaps = tuple(swaps)[:max_swaps]
-  adapted, continued, adapted_params, continued_params = {}, {}, {}, {}
+  adapted, continued, continued_params = {}, {}, {}
   adapted_pol, adapted_errors, decompositions = {}, {}, {}
   for a, b in swaps:
     i, j = names.index(a), names.index(b)
     th, _ = policy.train(thetas[a], train_b[b], tau=tau, steps=adapt_steps, name=f"{a}->{b}")
-    adapted_params[(i, j)] = th
     log_pol, adapted_pol[(i, j)] = read(th, test_b[b])
     adapted[(i, j)] = _mean(evaluate(adapted_pol[(i, j)], test_b[b], tau))
     adapted_errors[(i, j)] = errors(log_pol, b)
