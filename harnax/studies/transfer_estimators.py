@@ -253,7 +253,7 @@ def _sample_mismatch_matrix(key, policies, mdp, pi_star, tau, confidence, num_se
 
   def cell(k, m, pol, star):  # one (H, H') cell: instances pooled
     ks = jax.random.split(k, pol.shape[0] + 1)
-    kls, units = jax.vmap(instance)(ks[1:], m, pol, star)
+    kls, units = jax.lax.map(lambda x: instance(*x), (ks[1:], m, pol, star))
     scale = tau / (1.0 - m.discount[0])
     lo, hi = he.bootstrap_ci(ks[0], kls.reshape(-1), confidence=confidence,
                              num_resamples=num_resamples, scale=scale)
@@ -261,10 +261,13 @@ def _sample_mismatch_matrix(key, policies, mdp, pi_star, tau, confidence, num_se
 
   h, hp = policies.shape[:2]
 
+  over_target = jax.vmap(cell, in_axes=(0, 0, 0, 0))
+
   def seed(k):
     ks = jax.random.split(k, h * hp).reshape(h, hp)
-    over_target = jax.vmap(cell, in_axes=(0, 0, 0, 0))
-    return jax.vmap(over_target, in_axes=(0, None, 0, None))(ks, mdp, policies, pi_star)
+    # The models one after another: each vmap level around the samplers' while loops
+    # multiplies the compile time, a loop level does not.
+    return jax.lax.map(lambda x: over_target(x[0], mdp, x[1], pi_star), (ks, policies))
 
   return jax.lax.map(seed, jax.random.split(key, num_seeds))
 
@@ -442,11 +445,17 @@ def _estimate_differences(key, mdp, policies, pi_star, pi_ref, ceiling, tau, con
     plain = core_sampling.rollout(kp, m, pol, num_envs=nr, num_steps=horizon).returns
     return kl, ret, plain
 
-  per_arm = jax.vmap(jax.vmap(instance))                  # over the two arms, then instances
+  # Arms and instances one after another: a vmap level around the samplers multiplies the
+  # compile time, a loop level does not.
+  flat = jax.tree.map(lambda x: x.reshape((2 * num_inst,) + x.shape[2:]), (mdp, pi_star, pi_ref))
 
   def step(k, pol):                                       # pol [2, N, S, A]
     ks = jax.random.split(k, 2 * num_inst + 1)
-    kl, ret, plain = per_arm(ks[1:].reshape(2, num_inst), mdp, pol, pi_star, pi_ref)
+    m, star, ref = flat
+    kl, ret, plain = jax.lax.map(
+        lambda x: instance(*x),
+        (ks[1:], m, pol.reshape((2 * num_inst,) + pol.shape[2:]), star, ref))
+    kl, ret, plain = (x.reshape((2, num_inst) + x.shape[1:]) for x in (kl, ret, plain))
     return difference_from_samples(ks[0], gap, kl, ret, plain, tau, confidence=confidence,
                                    num_resamples=num_resamples)
 
