@@ -6,8 +6,8 @@ The default runs in a few minutes on 2 CPU cores. To scale: more held-out instan
 (`num_test`: the pooled estimates average over them), more seeds (`large.num_seeds`,
 `small.num_seeds`: the error and call statistics tighten like 1/sqrt(seeds)), longer
 adaptation (`adapt_steps`) evaluated more often (`eval_every`), and larger budgets
-(`small.budget`, `large.num_states`). Cost grows linearly in each; the seeds run one after
-another (`jax.lax.map`), everything inside one seed is vmapped.
+(`small.budget`, `large.num_states`). Cost grows linearly in each (seeds, models, arms and
+instances run one after another in `jax.lax.map`s; target harnesses and steps are vmapped).
 """
 
 import ml_collections
