@@ -13,8 +13,9 @@ the budget accounting and the results.
 2. **Small differences during adaptation.** Along two training runs from one checkpoint
    (adapted to H1, continued on H0) the difference `D = J_H1(adapted) - J_H0(continued)` is
    estimated at every evaluated step by `(C_H1 - M_hat_H1) - (C_H0 - M_hat_H0)` (every-step
-   mismatch along rollouts, `every_step_mismatch`) and by frequency rollouts (Monte-Carlo
-   regularized returns, `rollout_return`), at equal budgets (below), over many seeds.
+   mismatch along rollouts, `every_step_mismatch`) and by frequency rollouts — of the
+   regularized return (`rollout_return`, unbiased for `J`) and of the plain discounted reward
+   (success counts, unbiased for the KL-free value) — at equal budgets (below), over seeds.
 
 **Budget units.** One unit is one sampled environment transition or one query of the deployed
 policy (one sampled action). A rollout step samples an action and a transition: 2 units. A
