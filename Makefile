@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # pytest-xdist workers: 2, the core count of CI; `make test WORKERS=8` on a bigger machine.
 WORKERS ?= 2
 
-.PHONY: demo test lint bench study clean browser
+.PHONY: demo test lint bench study estimators proxy clean browser
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ test: lint browser
 # The tabular MiniWoB++ study across harnesses H0-H5 (docs/harnesses.md).
 study: $(VENV)/.test-installed
 	$(PY) scripts/miniwob_study.py --config=configs/miniwob_study.py
+
+# The estimator comparisons (docs/transfer_estimators.md) and the proxy-optimum validation
+# (docs/estimation.md section 7) of the harness-transfer study.
+estimators: $(VENV)/.test-installed
+	$(PY) scripts/transfer_estimators.py --config=configs/transfer_estimators.py
+
+proxy: $(VENV)/.test-installed
+	$(PY) scripts/proxy_validation.py --config=configs/proxy_validation.py
 
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/solver_throughput.py
