@@ -242,7 +242,9 @@ def _estimate_mismatch(key, mdp, policy, pi_star, tau, num_states, num_action_sa
   return bootstrap.SampleEstimate(
       value=scale * jnp.mean(kls), samples=kls, stderr=scale * bootstrap.standard_error(kls),
       ci_low=lo, ci_high=hi, truncation_bias=scale * occ.truncation_bias * max_kl,
-      env_steps=jnp.sum(occ.steps), action_samples=jnp.asarray(num_states * num_action_samples))
+      # The pilot rollouts draw one action per transition, then N actions per sampled state.
+      env_steps=jnp.sum(occ.steps),
+      action_samples=jnp.sum(occ.steps) + num_states * num_action_samples)
 
 
 def every_step_mismatch(key, mdp, policy, pi_star, tau, *, num_rollouts: int, horizon: int,
@@ -291,7 +293,8 @@ def _every_step(key, mdp, policy, pi_star, tau, num_rollouts, horizon, num_actio
       ci_low=lo, ci_high=hi,
       truncation_bias=tau * mdp.discount ** horizon * max_kl / (1.0 - mdp.discount),
       env_steps=jnp.asarray(num_rollouts * horizon),
-      action_samples=jnp.asarray(num_rollouts * horizon * num_action_samples))
+      # One action per step drives the rollout; N more per visited state estimate its KL.
+      action_samples=jnp.asarray(num_rollouts * horizon * (1 + num_action_samples)))
 
 
 def mismatch_estimator_variance(mdp, policy, pi_star, tau, *, num_states: int,

@@ -250,7 +250,7 @@ def _sample_mismatch_matrix(key, policies, mdp, pi_star, tau, confidence, num_se
     est = he.estimate_mismatch(k, m, pol, star, tau, num_states=num_states,
                                num_action_samples=num_action_samples, estimator=estimator,
                                max_steps=max_steps, num_resamples=1)
-    return est.samples, 2 * est.env_steps + est.action_samples
+    return est.samples, est.env_steps + est.action_samples
 
   def cell(k, m, pol, star):  # one (H, H') cell: instances pooled
     ks = jax.random.split(k, pol.shape[0] + 1)

@@ -78,8 +78,9 @@ def test_estimate_converges_to_exact_mismatch(problem, estimator):
   assert ses[2] < ses[0] / 5 and ses[2] < 0.02 * m
   assert float(est.value) == pytest.approx(scale * np.mean(np.asarray(est.samples)))
   assert float(est.ci_low) <= m + 4 * float(est.stderr)
-  assert int(est.action_samples) == 20000 * 32
+  # The pilot rollouts' own actions (one per transition) count, then N per sampled state.
   assert int(est.env_steps) > 0
+  assert int(est.action_samples) == int(est.env_steps) + 20000 * 32
   assert 0 <= float(est.truncation_bias) < 1e-12
 
 
@@ -143,7 +144,7 @@ def test_every_step_estimate_converges_and_reports_its_truncation_bound(problem)
   bound = TAU * 0.8 ** 40 * kl.max() / (1 - 0.8)
   assert float(est.truncation_bias) == pytest.approx(bound)
   assert abs(float(est.value) - m) <= 4 * float(est.stderr) + bound
-  assert int(est.env_steps) == 4000 * 40 and int(est.action_samples) == 4000 * 40 * 4
+  assert int(est.env_steps) == 4000 * 40 and int(est.action_samples) == 4000 * 40 * (1 + 4)
 
 
 @pytest.mark.parametrize("horizon", [1, 3, 10])
