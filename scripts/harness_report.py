@@ -6,7 +6,6 @@ Writes `<output_dir>/report.md`, `metrics.json` and `config.json`; the pipeline 
 `harnax.studies.harness_report` (its docstring says what the tables hold).
 """
 
-import jax
 from ml_collections import config_flags
 
 from harnax.studies import harness_report
@@ -17,14 +16,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/harness_report.py",
 
 
 def main(_):
-  cfg = _CONFIG.value
-  with jax.enable_x64(True):
-    result = harness_report.run(cfg, log=results.stderr_log)
-    text = harness_report.render(cfg, result)
-  paths = results.write_results(cfg.output_dir, report={"report.md": text},
-                                metrics=harness_report.metrics(result), config=cfg)
-  print(text)
-  print("wrote " + ", ".join(paths))
+  results.run_study(harness_report, _CONFIG.value)
 
 
 if __name__ == "__main__":

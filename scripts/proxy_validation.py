@@ -9,9 +9,6 @@ Writes `report.md`, `metrics.json`, `config.json` and `recovery.png` to `<output
 progress goes to standard error. The pipeline is `harnax.studies.proxy_validation`.
 """
 
-import os
-
-import jax
 from ml_collections import config_flags
 
 from harnax.studies import proxy_validation
@@ -22,17 +19,8 @@ _CONFIG = None  # the --config flag, defined only when run as a script (importab
 
 def main(argv, config=None):
   del argv
-  cfg = config if config is not None else _CONFIG.value
-  with jax.enable_x64(True):
-    result = proxy_validation.run(cfg, log=results.stderr_log)
-  text = proxy_validation.render(cfg, result)
-  paths = results.write_results(cfg.output_dir, report={"report.md": text},
-                                metrics=proxy_validation.metrics(result), config=cfg)
-  if cfg.plot:
-    paths.append(os.path.join(cfg.output_dir, "recovery.png"))
-    proxy_validation.plot(result, paths[-1])
-  print(text)
-  print("wrote " + ", ".join(paths))
+  results.run_study(proxy_validation, config if config is not None else _CONFIG.value,
+                    plot_file="recovery.png")
 
 
 if __name__ == "__main__":

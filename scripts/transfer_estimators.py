@@ -11,9 +11,6 @@ rollouts at equal budgets. Writes `report.md`, `metrics.json`, `config.json` and
 `harnax.studies.transfer_estimators`; the method: docs/transfer_estimators.md.
 """
 
-import os
-
-import jax
 from ml_collections import config_flags
 
 from harnax.studies import results
@@ -24,17 +21,8 @@ _CONFIG = None  # the --config flag, defined only when run as a script (importab
 
 def main(argv, cfg=None):
   del argv
-  cfg = cfg if cfg is not None else _CONFIG.value
-  with jax.enable_x64(True):
-    result = transfer_estimators.run(cfg, log=results.stderr_log)
-  text = transfer_estimators.render(cfg, result)
-  paths = results.write_results(cfg.output_dir, report={"report.md": text},
-                                metrics=transfer_estimators.metrics(result), config=cfg)
-  if cfg.plot:
-    paths.append(os.path.join(cfg.output_dir, "adaptation.png"))
-    transfer_estimators.plot(result, paths[-1])
-  print(text)
-  print("wrote " + ", ".join(paths))
+  results.run_study(transfer_estimators, cfg if cfg is not None else _CONFIG.value,
+                    plot_file="adaptation.png")
 
 
 if __name__ == "__main__":

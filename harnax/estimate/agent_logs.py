@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from typing import Callable, Mapping, Sequence
 
 from harnax.estimate import proxy
@@ -309,17 +308,10 @@ def _header(obj):
   for field in ("harness", "outcome"):
     if field not in obj:
       raise ValueError(f"missing field '{field}'")
-  actor = obj.get("actor", "policy")
-  if actor not in ("policy", "proxy"):
-    raise ValueError(f"actor: expected 'policy' or 'proxy', got {actor!r}")
-  outcome = obj["outcome"]
-  if isinstance(outcome, bool):
-    outcome = float(outcome)
-  if not isinstance(outcome, (int, float)) or not math.isfinite(outcome):
-    raise ValueError(f"outcome: expected a finite number (success or return), got {outcome!r}")
+  actor, outcome = proxy.actor_and_outcome(obj)
   if not isinstance(obj["harness"], str):
     raise ValueError("harness: expected a string")
-  return obj["harness"], actor, float(outcome)
+  return obj["harness"], actor, outcome
 
 
 def read_transcripts(source, table: CategoryTable | Mapping, *, strict: bool = False

@@ -161,12 +161,9 @@ def _probs(step, key, i):
   return tuple((k, float(x)) for k, x in v.items())
 
 
-def _parse_episode(obj, line) -> Episode:
-  if not isinstance(obj, dict):
-    raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-  for field in ("episode_id", "harness", "outcome", "steps"):
-    if field not in obj:
-      raise ValueError(f"missing field '{field}'")
+def actor_and_outcome(obj: dict) -> tuple[str, float]:
+  """An episode record's `actor` ("policy" by default, or "proxy") and its finite `outcome`
+  (a success flag or a return), validated; the record must have an "outcome"."""
   actor = obj.get("actor", "policy")
   if actor not in ("policy", "proxy"):
     raise ValueError(f"actor: expected 'policy' or 'proxy', got {actor!r}")
@@ -175,6 +172,16 @@ def _parse_episode(obj, line) -> Episode:
     outcome = float(outcome)
   if not isinstance(outcome, (int, float)) or not math.isfinite(outcome):
     raise ValueError(f"outcome: expected a finite number (success or return), got {outcome!r}")
+  return actor, float(outcome)
+
+
+def _parse_episode(obj, line) -> Episode:
+  if not isinstance(obj, dict):
+    raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+  for field in ("episode_id", "harness", "outcome", "steps"):
+    if field not in obj:
+      raise ValueError(f"missing field '{field}'")
+  actor, outcome = actor_and_outcome(obj)
   if not isinstance(obj["steps"], list):
     raise ValueError("steps: expected a list of decisions")
   steps = []

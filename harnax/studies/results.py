@@ -69,6 +69,28 @@ def write_results(output_dir: str, *, report: dict[str, str], metrics: dict | No
   return written
 
 
+def run_study(study, cfg, *, plot_file: str | None = None) -> list[str]:
+  """A study module's whole script: run, render, write, plot, print.
+
+  `study.run(cfg, log=stderr_log)` and `study.render(cfg, result)` (under float64: the exact
+  tabular side), then `report.md`, `study.metrics(result)` as `metrics.json` and the config
+  in `cfg.output_dir`, and `study.plot(result, path)` as `plot_file` when `cfg.plot` is set.
+  The report goes to stdout, progress to stderr. Returns the paths written.
+  """
+  import jax  # noqa: PLC0415  (only the scripts need it here)
+  with jax.enable_x64(True):
+    result = study.run(cfg, log=stderr_log)
+    text = study.render(cfg, result)
+  paths = write_results(cfg.output_dir, report={"report.md": text},
+                        metrics=study.metrics(result), config=cfg)
+  if plot_file is not None and cfg.get("plot"):
+    paths.append(os.path.join(cfg.output_dir, plot_file))
+    study.plot(result, paths[-1])
+  print(text)
+  print("wrote " + ", ".join(paths))
+  return paths
+
+
 def run_script(main: Callable[[list[str]], None]) -> None:
   """`absl.app.run(main)` with absl logging at WARNING unless `--verbosity` is given.
 
