@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 from typing import Callable
@@ -52,6 +53,7 @@ from harnax.policies import lm as lm_lib
 Log = Callable[[str], None]
 
 MANIFEST = "manifest.json"
+OWNER = "build-owner.json"  # host and pid of the process writing a build folder
 FORMAT = "harnax-base-model/1"
 
 
@@ -303,18 +305,67 @@ def build_base_model(cfg, directory: str, *, log: Log | None = None) -> str:
                      f"{MANIFEST}); refusing to replace it")
   parent = os.path.dirname(directory)
   os.makedirs(parent, exist_ok=True)
+  remove_stale_builds(directory, log=say)
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.build-", dir=parent)
+  with open(os.path.join(tmp, OWNER), "w") as f:
+    json.dump({"host": socket.gethostname(), "pid": os.getpid()}, f)
   try:
     summary = _build(cfg, tmp, say)
     with open(os.path.join(tmp, MANIFEST), "w") as f:
       json.dump({"format": FORMAT, "config": config_dict(cfg), **summary}, f, indent=2,
                 sort_keys=True)
+    os.remove(os.path.join(tmp, OWNER))  # complete: the folder is the model now
     _install(tmp, directory, cfg)
   finally:
     if os.path.exists(tmp):
       shutil.rmtree(tmp, ignore_errors=True)
   say(f"base model: wrote {directory} in {summary['seconds']:.1f} s")
   return directory
+
+
+def _process_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # alive, owned by another user
+    return True
+  return True
+
+
+def remove_stale_builds(directory: str, *, log: Log | None = None,
+                        max_age_s: float = 3600.0) -> list[str]:
+  """Removes the hidden build folders a killed build left beside `directory`; returns them.
+
+  A build works in `.<name>.build-*` and renames it into place when complete, so a build
+  killed with SIGKILL leaves that folder behind (never mistaken for a model: resume looks
+  only at `directory`). One is stale when its owner (host, pid in `build-owner.json`) is
+  this host and that process is gone, or, without an owner file (and for the `.old-*`
+  folder an install moves aside for an instant), when untouched for `max_age_s` seconds.
+  A build still running, here or on another host sharing the folder, is left alone.
+  """
+  parent, name = os.path.split(os.path.abspath(directory))
+  removed = []
+  for entry in sorted(os.listdir(parent)) if os.path.isdir(parent) else ():
+    if not entry.startswith((f".{name}.build-", f".{name}.old-")):
+      continue
+    path = os.path.join(parent, entry)
+    try:
+      with open(os.path.join(path, OWNER)) as f:
+        owner = json.load(f)
+      stale = (owner.get("host") == socket.gethostname()
+               and not _process_alive(int(owner["pid"])))
+    except (OSError, ValueError, KeyError, TypeError):
+      try:
+        stale = time.time() - os.path.getmtime(path) > max_age_s
+      except OSError:  # removed meanwhile
+        continue
+    if stale:
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+      if log is not None:
+        log(f"base model: removed {path}, left by an interrupted build")
+  return removed
 
 
 def _install(tmp: str, directory: str, cfg) -> None:

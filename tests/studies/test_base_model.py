@@ -107,6 +107,29 @@ def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
   assert os.listdir(tmp_path) == []
 
 
+def test_folders_of_killed_builds_are_removed_and_running_ones_kept(tmp_path):
+  import socket
+  import subprocess
+  done = subprocess.Popen(["true"])
+  done.wait()  # a process that has exited: its pid is free
+  here = socket.gethostname()
+  owners = {".model.build-killed": (here, done.pid), ".model.build-running": (here, os.getpid()),
+            ".model.build-other-host": ("another-host", done.pid), ".model.build-fresh": None,
+            ".model.old-forgotten": None, ".other.build-killed": (here, done.pid)}
+  for name, owner in owners.items():
+    os.makedirs(tmp_path / name)
+    if owner is not None:
+      (tmp_path / name / base_model.OWNER).write_text(
+          json.dumps({"host": owner[0], "pid": owner[1]}))
+  two_hours_ago = time.time() - 7200
+  os.utime(tmp_path / ".model.old-forgotten", (two_hours_ago, two_hours_ago))
+  removed = base_model.remove_stale_builds(str(tmp_path / "model"))
+  assert sorted(os.path.basename(p) for p in removed) == [".model.build-killed",
+                                                          ".model.old-forgotten"]
+  assert sorted(os.listdir(tmp_path)) == [".model.build-fresh", ".model.build-other-host",
+                                          ".model.build-running", ".other.build-killed"]
+
+
 def test_bad_input(tmp_path):
   cfg = _config()
   cfg.families = ("click-checkboxes", "click-nothing")
