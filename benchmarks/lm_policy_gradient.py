@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 
+import memory  # benchmarks/memory.py (this folder is on sys.path when run as a script)
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,24 +83,6 @@ _START = time.perf_counter()
 def log(msg: str) -> None:
   """One progress line on stderr (the report goes to a file)."""
   print(f"[{time.perf_counter() - _START:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-def _peak_rss_mb() -> float:
-  """Peak resident memory of this process (`VmHWM`, reset at exec, unlike `ru_maxrss`)."""
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith("VmHWM:"):
-        return int(line.split()[1]) / 1024.0
-  return float("nan")
-
-
-def _rss_mb() -> float:
-  """Current resident memory of this process (MB)."""
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith("VmRSS:"):
-        return int(line.split()[1]) / 1024.0
-  return float("nan")
 
 
 # -- the workload (parent process) ----------------------------------------------------------
@@ -216,9 +199,9 @@ def measure_harnax(directory: str, size: str, method: str, states: int, micro_ba
   """One harnax configuration: compile time, step times, peak RSS."""
   import jax.numpy as jnp
   jnp.zeros(1).block_until_ready()  # start the runtime
-  out = {"runtime_rss_mb": _rss_mb()}
+  out = {"runtime_rss_mb": memory.rss_mb()}
   run, out["compile_s"], tokens, _ = harnax_step(directory, size, method, states, micro_batch)
-  out["loaded_rss_mb"] = _rss_mb()
+  out["loaded_rss_mb"] = memory.rss_mb()
   t0 = time.perf_counter()
   run()
   warm = time.perf_counter() - t0
@@ -231,7 +214,7 @@ def measure_harnax(directory: str, size: str, method: str, states: int, micro_ba
   from harnax.policies import lm
   nodes = lm.pack_candidates(tokens).node_ids.shape[-1]
   out.update(times=times, median_s=statistics.median(times), min_s=min(times),
-             peak_mb=_peak_rss_mb(), positions=_positions(method, tokens, nodes),
+             peak_mb=memory.peak_rss_mb(), positions=_positions(method, tokens, nodes),
              candidate_tokens=int(np.asarray(tokens.output_mask).sum()))
   return out
 

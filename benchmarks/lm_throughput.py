@@ -26,12 +26,12 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 
+import memory  # benchmarks/memory.py (this folder is on sys.path when run as a script)
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,28 +67,6 @@ LARGE = {
         query_pre_attn_scalar=256)),
 }
 PRESETS = {"100m": CONFIGS, "0.6b-2b": LARGE}
-
-
-def _peak_rss_mb() -> float:
-  """Peak resident memory of this process. ``VmHWM`` resets at exec, unlike ``ru_maxrss``,
-  which a child inherits from its parent's high-water mark."""
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          return int(line.split()[1]) / 1024.0
-  except OSError:
-    pass
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _rss_mb() -> float:
-  """Current resident memory of this process (MB)."""
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith("VmRSS:"):
-        return int(line.split()[1]) / 1024.0
-  return float("nan")
 
 
 def _timeit(fn, repeats: int, sync=lambda: None) -> float:
@@ -137,9 +115,9 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
   device = jax.devices()[0]
   on_cpu = device.platform == "cpu"
   out = {"device": f"jax {device.platform} ({device.device_kind})",
-         "runtime_rss_mb": _rss_mb()}
+         "runtime_rss_mb": memory.rss_mb()}
   model = models.load_pretrained(path, dtype=jnp.dtype(dtype))
-  out["loaded_rss_mb"] = _rss_mb()
+  out["loaded_rss_mb"] = memory.rss_mb()
   graphdef, state = nnx.split(model)
   rng = np.random.RandomState(0)
   vocab = model.config.vocab_size
@@ -170,7 +148,7 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
     seconds = min(run_decode() for _ in range(repeats))
     out[f"decode_b{b}_tok_s"] = b * new / seconds
   if on_cpu:
-    out["peak_mb"] = _peak_rss_mb()
+    out["peak_mb"] = memory.peak_rss_mb()
   else:
     out["peak_mb"] = device.memory_stats()["peak_bytes_in_use"] / 1024**2
     out["bandwidth_gbs"] = _device_bandwidth_gbs()
@@ -193,10 +171,10 @@ def measure_torch(path: str, batch: int, prompt: int, new: int, decode_batches, 
   sync = (lambda: None) if on_cpu else (lambda: torch.cuda.synchronize(device))
   out = {"device": f"torch {device.type}"
                    + ("" if on_cpu else f" ({torch.cuda.get_device_name(device)})"),
-         "runtime_rss_mb": _rss_mb()}
+         "runtime_rss_mb": memory.rss_mb()}
   model = transformers.AutoModelForCausalLM.from_pretrained(
       path, dtype=getattr(torch, dtype)).to(device).eval()
-  out["loaded_rss_mb"] = _rss_mb()
+  out["loaded_rss_mb"] = memory.rss_mb()
   rng = np.random.RandomState(0)
   vocab = model.config.vocab_size
   ids = torch.tensor(rng.randint(0, vocab, (batch, prompt)), device=device)
@@ -231,7 +209,7 @@ def measure_torch(path: str, batch: int, prompt: int, new: int, decode_batches, 
       run_decode()  # warm-up
       seconds = min(run_decode() for _ in range(repeats))
       out[f"decode_b{b}_tok_s"] = b * new / seconds
-  out["peak_mb"] = (_peak_rss_mb() if on_cpu
+  out["peak_mb"] = (memory.peak_rss_mb() if on_cpu
                     else torch.cuda.max_memory_allocated(device) / 1024**2)
   return out
 
