@@ -294,6 +294,23 @@ def end_of_output_id(tokenizer) -> int:
   return int(eos)
 
 
+def check_prompts_and_outputs(prompts: Sequence[str], outputs: Sequence, *,
+                              per_prompt: str) -> None:
+  """Clear errors unless there is at least one prompt and one `per_prompt` item for each."""
+  if len(prompts) != len(outputs):
+    raise ValueError(f"outputs: expected one {per_prompt} per prompt ({len(prompts)}), got "
+                     f"{len(outputs)}")
+  if not prompts:
+    raise ValueError("prompts: expected at least one prompt")
+
+
+def text_encoder(tokenizer) -> Callable[[str], tuple[int, ...]]:
+  """`text -> token ids` without added special tokens (each part of a sequence is encoded on
+  its own, then joined), memoized: prompts and candidate sets repeat across states."""
+  return functools.lru_cache(maxsize=None)(
+      lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)))
+
+
 def encode_candidates(tokenizer, prompts: Sequence[str], outputs: Sequence[Sequence[str]], *,
                       prompt_length: int | None = None, output_length: int | None = None,
                       num_outputs: int | None = None, pad_id: int | None = None,
@@ -315,14 +332,9 @@ def encode_candidates(tokenizer, prompts: Sequence[str], outputs: Sequence[Seque
   Returns:
     `CandidateTokens` with `R` rows.
   """
-  if len(prompts) != len(outputs):
-    raise ValueError(f"outputs: expected one candidate list per prompt ({len(prompts)}), got "
-                     f"{len(outputs)}")
-  if not prompts:
-    raise ValueError("prompts: expected at least one prompt")
+  check_prompts_and_outputs(prompts, outputs, per_prompt="candidate list")
   eos = end_of_output_id(tokenizer)
-  enc = functools.lru_cache(maxsize=None)(
-      lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)))
+  enc = text_encoder(tokenizer)
   p_rows = [enc(p) for p in prompts]
   o_rows = [[enc(o) + (eos,) for o in outs] for outs in outputs]
   for r, (p, outs) in enumerate(zip(prompts, outputs)):

@@ -82,14 +82,9 @@ def encode_examples(tokenizer, prompts: Sequence[str], outputs: Sequence[str], *
   Returns:
     `SFTData` with `N` rows.
   """
-  if len(prompts) != len(outputs):
-    raise ValueError(f"outputs: expected one output per prompt ({len(prompts)}), got "
-                     f"{len(outputs)}")
-  if not prompts:
-    raise ValueError("prompts: expected at least one example")
+  lm_lib.check_prompts_and_outputs(prompts, outputs, per_prompt="output")
   eos = lm_lib.end_of_output_id(tokenizer)
-  enc = functools.lru_cache(maxsize=None)(
-      lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)))
+  enc = lm_lib.text_encoder(tokenizer)
   rows = []
   for i, (p, o) in enumerate(zip(prompts, outputs)):
     p_ids = enc(p)
