@@ -13,9 +13,6 @@ harness score error, the three-way decomposition and the harness rankings
 `harnax.studies.miniwob` and `harnax.studies.miniwob_report`.
 """
 
-import os
-
-import jax
 from ml_collections import config_flags
 
 from harnax.studies import miniwob_report
@@ -26,17 +23,7 @@ _CONFIG = None  # the --config flag, defined only when run as a script (importab
 
 def main(argv):
   del argv
-  cfg = _CONFIG.value
-  with jax.enable_x64(True):
-    result = miniwob_report.run(cfg, log=results.stderr_log)
-  text = miniwob_report.render(cfg, result)
-  paths = results.write_results(cfg.output_dir, report={"report.md": text},
-                                metrics=miniwob_report.metrics(result), config=cfg)
-  if cfg.plot:
-    paths.append(os.path.join(cfg.output_dir, "study.png"))
-    miniwob_report.plot(result, paths[-1])
-  print(text)
-  print("wrote " + ", ".join(paths))
+  results.run_study(miniwob_report, _CONFIG.value, plot_file="study.png")
 
 
 if __name__ == "__main__":

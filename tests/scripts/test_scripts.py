@@ -47,10 +47,22 @@ def test_miniwob_study_writes_report_metrics_and_plot(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   text = (out / "report.md").read_text()
   assert "## click-option" in text
-  assert sum(line.startswith("| H") and "→" in line for line in text.splitlines()) == 9
-  assert sum(line.startswith("| H") and "→" not in line for line in text.splitlines()) == 12
+  lines = text.splitlines()
   metrics = json.loads((out / "metrics.json").read_text())
   fam = metrics["families"]["click-option"]
+  # Every ordered pair in the 6 x 6 swap matrix; one row per swap the paper's rule selects.
+  assert sum(line.startswith("| from H") for line in lines) == 6
+  selection = fam["selection"]
+  assert selection["num_pairs"] == 30
+  assert sum(line.startswith(("| raises C |", "| lowers C |")) for line in lines) == \
+      selection["num_selected"]
+  # The checkpoint x harness error matrix (six checkpoints), the rankings, the pi_ref verdict.
+  for heading in ("### Geometric error: checkpoint × harness", "### Three-way decomposition",
+                  "### Rankings of the harnesses",
+                  "## The reference policy π_ref and the sign of the H1 ceiling change"):
+    assert heading in lines
+  assert sum(line.startswith("| π_H") for line in lines) >= 6
+  assert np.array(fam["errors"]["matrix"]).shape == (6, 6)
   c, j, m = (np.array(fam["frozen"][k]) for k in ("ceiling", "value", "mismatch"))
   np.testing.assert_allclose(j, c - m, atol=1e-5)
   assert fam["optimal_decisions_unchanged"] is True
