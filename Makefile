@@ -46,7 +46,7 @@ lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check harnax tests scripts benchmarks configs
 
 test: lint browser
-	$(PY) -m pytest -n $(WORKERS) tests
+	$(PY) -m pytest -n $(WORKERS) --durations=20 tests
 
 # The tabular MiniWoB++ study across harnesses H0-H5 (docs/harnesses.md).
 study: $(VENV)/.test-installed
