@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # pytest-xdist workers: 2, the core count of CI; `make test WORKERS=8` on a bigger machine.
 WORKERS ?= 2
 
-.PHONY: demo test lint bench study estimators proxy clean browser
+.PHONY: demo test lint bench study estimators proxy clean browser java
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(VENV)/.demo-installed: $(PY) setup.cfg pyproject.toml
 	touch $@
 
 $(VENV)/.test-installed: $(PY) setup.cfg pyproject.toml
-	$(PIP) install --quiet -e ".[test,models,browser,plots]"
+	$(PIP) install --quiet -e ".[test,models,browser,text,plots]"
 	touch $@
 
 # Headless Chromium for the real-browser tests (tests/envs/test_browser.py, docs/browser.md).
@@ -38,6 +38,21 @@ browser:
 	       "(sudo apt-get install chromium chromium-driver)"; \
 	fi
 
+# A headless Java runtime for ScienceWorld (harnax.envs.text.scienceworld). As root it is
+# installed from Debian when missing; otherwise the ScienceWorld tests skip with a note,
+# except under CI=true, where a missing java fails them.
+java:
+	@if command -v java >/dev/null 2>&1; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing a headless Java runtime (apt-get install default-jre-headless)"; \
+	  ( apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      default-jre-headless >/dev/null ) \
+	  || { echo "apt-get install default-jre-headless failed"; [ "$$CI" != true ]; }; \
+	else \
+	  echo "note: java missing; ScienceWorld tests skip (sudo apt-get install default-jre-headless)"; \
+	fi
+
 demo: $(VENV)/.demo-installed
 	$(PY) scripts/demo.py --config=configs/demo.py
 
@@ -45,7 +60,7 @@ demo: $(VENV)/.demo-installed
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check harnax tests scripts benchmarks configs
 
-test: lint browser
+test: lint browser java
 	$(PY) -m pytest -n $(WORKERS) --durations=20 tests
 
 # The tabular MiniWoB++ study across harnesses H0-H5 (docs/harnesses.md).
