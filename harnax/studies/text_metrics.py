@@ -1,0 +1,149 @@
+"""The HAD paper's evaluation metrics, computed from per-turn episode traces.
+
+Every metric is a share of episodes or of events, defined in docs/text_eval.md; this module is
+their one implementation. An episode trace holds, per turn, what the harness saw (it runs in
+shadow when a component is hidden from the agent, so the same quantities exist in every
+evaluation setting):
+
+* ``accepted[t]``: the action monitor would accept the action (it is admissible);
+* ``consistent[t]``: the action does not contradict the harness record;
+* ``stalled[t]``: the loop detector reports an unproductive loop after turn ``t``;
+
+and per episode ``won`` (the task was solved within the turn limit).
+
+Definitions (T turns in an episode, E episodes):
+
+* success = (1/E) Σ_e won_e.
+* harness utilization = Σ_{e,t} accepted·consistent / Σ_e T_e: the share of the agent's actions
+  that agree with what the harness knows (admissible and not contradicting the record).
+* stall prevention = the share of episodes with no stalled turn.
+* stall escape (within k turns) = escapes / entries, where an *entry* is a turn t with
+  stalled[t] and not stalled[t-1] (or t = 0), and it *escapes* when some turn in t+1..t+k is not
+  stalled. An entry in the last k turns of an episode that ends while stalled does not escape;
+  one that ends by a win escapes (winning leaves every loop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeTrace:
+  """Per-turn harness observations of one episode.
+
+  Attributes:
+    won: the task was solved.
+    accepted: [T] bool, the action monitor accepts the turn's action.
+    consistent: [T] bool, the action does not contradict the harness record.
+    stalled: [T] bool, the loop detector reports a loop after the turn.
+  """
+
+  won: bool
+  accepted: np.ndarray
+  consistent: np.ndarray
+  stalled: np.ndarray
+
+  def __post_init__(self):
+    lengths = set()
+    for name in ("accepted", "consistent", "stalled"):
+      x = np.asarray(getattr(self, name))
+      if x.ndim != 1 or x.dtype != bool:
+        raise ValueError(f"{name}: expected a 1-D bool array, got {x.dtype} of shape {x.shape}")
+      lengths.add(x.shape[0])
+      object.__setattr__(self, name, x)
+    if len(lengths) != 1:
+      raise ValueError("accepted, consistent, stalled: expected one length (turns), got "
+                       f"{sorted(lengths)}")
+
+  @property
+  def turns(self) -> int:
+    return int(self.accepted.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+  """A share with its counts and a 95 % Wilson interval (None when there are no trials)."""
+
+  successes: int
+  trials: int
+
+  @property
+  def value(self) -> float:
+    return self.successes / self.trials if self.trials else math.nan
+
+  def interval(self, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval: well-behaved at 0 and 1 and for few trials."""
+    n, k = self.trials, self.successes
+    if n == 0:
+      return (math.nan, math.nan)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+  def __str__(self) -> str:
+    if not self.trials:
+      return "n/a"
+    return f"{100 * self.value:.1f}% ({self.successes}/{self.trials})"
+
+
+def _episodes(episodes: Sequence[EpisodeTrace]) -> Sequence[EpisodeTrace]:
+  episodes = list(episodes)
+  for i, ep in enumerate(episodes):
+    if not isinstance(ep, EpisodeTrace):
+      raise ValueError(f"episodes[{i}]: expected an EpisodeTrace, got {type(ep).__name__}")
+  return episodes
+
+
+def success(episodes: Sequence[EpisodeTrace]) -> Rate:
+  """The share of episodes won."""
+  episodes = _episodes(episodes)
+  return Rate(sum(bool(ep.won) for ep in episodes), len(episodes))
+
+
+def harness_utilization(episodes: Sequence[EpisodeTrace]) -> Rate:
+  """The share of actions that are admissible and consistent with the harness record."""
+  episodes = _episodes(episodes)
+  good = sum(int(np.sum(ep.accepted & ep.consistent)) for ep in episodes)
+  return Rate(good, sum(ep.turns for ep in episodes))
+
+
+def stall_prevention(episodes: Sequence[EpisodeTrace]) -> Rate:
+  """The share of episodes that never enter an unproductive loop."""
+  episodes = _episodes(episodes)
+  return Rate(sum(not ep.stalled.any() for ep in episodes), len(episodes))
+
+
+def stall_entries(stalled: np.ndarray) -> np.ndarray:
+  """Turn indices where a stall begins: stalled now and not at the previous turn."""
+  stalled = np.asarray(stalled, bool)
+  before = np.concatenate([[False], stalled[:-1]])
+  return np.flatnonzero(stalled & ~before)
+
+
+def stall_escape(episodes: Sequence[EpisodeTrace], *, within: int = 5) -> Rate:
+  """The share of stall entries left within ``within`` turns (see the module docstring)."""
+  if not isinstance(within, int) or within < 1:
+    raise ValueError(f"within: expected a positive number of turns, got {within!r}")
+  episodes = _episodes(episodes)
+  entries = escapes = 0
+  for ep in episodes:
+    for t in stall_entries(ep.stalled):
+      entries += 1
+      after = ep.stalled[t + 1:t + 1 + within]
+      if (~after).any() or (ep.won and ep.turns - 1 <= t + within):
+        escapes += 1
+  return Rate(escapes, entries)
+
+
+def summarize(episodes: Sequence[EpisodeTrace], *, within: int = 5) -> dict[str, Rate]:
+  """All four metrics of one evaluation setting."""
+  return {"success": success(episodes),
+          "harness_utilization": harness_utilization(episodes),
+          "stall_prevention": stall_prevention(episodes),
+          "stall_escape": stall_escape(episodes, within=within)}

@@ -1,0 +1,104 @@
+"""The HAD evaluation metrics against hand-worked traces, a brute-force reading of their
+definitions (docs/text_eval.md), and scipy's Wilson interval."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from harnax.studies import text_metrics as tm
+
+
+def _trace(won, stalled, accepted=None, consistent=None):
+  stalled = np.asarray(stalled, bool)
+  n = stalled.shape[0]
+  accepted = np.ones(n, bool) if accepted is None else np.asarray(accepted, bool)
+  consistent = np.ones(n, bool) if consistent is None else np.asarray(consistent, bool)
+  return tm.EpisodeTrace(won=won, accepted=accepted, consistent=consistent, stalled=stalled)
+
+
+def test_hand_worked_episodes():
+  eps = [
+      # enters at 1, leaves at 3: one escape within 2.
+      _trace(False, [0, 1, 1, 0, 0], accepted=[1, 0, 1, 1, 1], consistent=[1, 1, 0, 1, 1]),
+      # enters at 0 and never leaves: no escape.
+      _trace(False, [1, 1, 1, 1]),
+      # no stall, won.
+      _trace(True, [0, 0, 0]),
+      # enters at 2 and wins at its last turn (3) while stalled: escapes by winning.
+      _trace(True, [0, 0, 1, 1]),
+  ]
+  assert tm.success(eps).successes == 2 and tm.success(eps).trials == 4
+  assert (tm.stall_prevention(eps).successes, tm.stall_prevention(eps).trials) == (1, 4)
+  esc = tm.stall_escape(eps, within=2)
+  assert (esc.successes, esc.trials) == (2, 3)
+  util = tm.harness_utilization(eps)
+  assert (util.successes, util.trials) == (14, 16)
+  # Within 1 turn the first episode's stall (turns 1-2) is not left in time.
+  assert tm.stall_escape(eps, within=1).successes == 1
+
+
+def _escape_reference(stalled, won, within):
+  """A second reading of the definition: walk the turns, track runs of stalled turns."""
+  entries = escapes = 0
+  n = len(stalled)
+  t = 0
+  while t < n:
+    if stalled[t]:
+      entries += 1
+      end = t
+      while end + 1 < n and stalled[end + 1]:
+        end += 1
+      run_length = end - t + 1            # the run covers turns t..end
+      if end + 1 < n and run_length <= within:
+        escapes += 1                        # turn end+1 is a non-stalled turn within reach
+      elif end + 1 == n and won and (n - 1) - t <= within:
+        escapes += 1                        # the episode was won at its last turn, in reach
+      t = end + 1
+    else:
+      t += 1
+  return entries, escapes
+
+
+def test_random_traces_against_reference():
+  rng = np.random.default_rng(0)
+  eps = []
+  for _ in range(200):
+    n = int(rng.integers(1, 15))
+    eps.append(_trace(bool(rng.random() < 0.4), rng.random(n) < 0.5,
+                      accepted=rng.random(n) < 0.8, consistent=rng.random(n) < 0.9))
+  for within in (1, 2, 5):
+    ref = [_escape_reference(list(ep.stalled), ep.won, within) for ep in eps]
+    got = tm.stall_escape(eps, within=within)
+    assert got.trials == sum(e for e, _ in ref)
+    assert got.successes == sum(s for _, s in ref)
+  util = tm.harness_utilization(eps)
+  total = sum(len(ep.stalled) for ep in eps)
+  good = sum(int(a and c) for ep in eps for a, c in zip(ep.accepted, ep.consistent))
+  assert (util.successes, util.trials) == (good, total)
+
+
+@pytest.mark.parametrize("k,n", [(0, 5), (3, 10), (10, 10), (57, 90)])
+def test_wilson_interval_matches_scipy(k, n):
+  lo, hi = tm.Rate(k, n).interval()
+  ref = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+  np.testing.assert_allclose([lo, hi], [ref.low, ref.high], atol=1e-6)
+
+
+def test_summary_and_empty():
+  out = tm.summarize([_trace(True, [0, 1, 0])], within=1)
+  assert set(out) == {"success", "harness_utilization", "stall_prevention", "stall_escape"}
+  assert str(tm.Rate(0, 0)) == "n/a" and np.isnan(tm.Rate(0, 0).value)
+  assert str(tm.Rate(1, 4)) == "25.0% (1/4)"
+
+
+def test_bad_inputs():
+  with pytest.raises(ValueError, match="accepted"):
+    tm.EpisodeTrace(won=True, accepted=np.ones(3), consistent=np.ones(3, bool),
+                    stalled=np.zeros(3, bool))
+  with pytest.raises(ValueError, match="one length"):
+    tm.EpisodeTrace(won=True, accepted=np.ones(3, bool), consistent=np.ones(2, bool),
+                    stalled=np.zeros(3, bool))
+  with pytest.raises(ValueError, match="within"):
+    tm.stall_escape([], within=0)
+  with pytest.raises(ValueError, match=r"episodes\[0\]"):
+    tm.success([{"won": True}])
