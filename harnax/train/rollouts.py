@@ -119,6 +119,22 @@ class PlainContext:
     return "\n\n".join(parts)
 
 
+@dataclasses.dataclass(frozen=True)
+class GameContext:
+  """The context a harnessed game renders itself: ``game.context(**components)`` (e.g.
+  :class:`harnax.envs.text.harness.HarnessedGame`; None leaves a component at the game's
+  config). Turns without a parsable action never reach the game, so they are not shown."""
+
+  state_tracking: bool | None = None
+  action_monitoring: bool | None = None
+
+  def __call__(self, game, history: History) -> str:
+    del history
+    kw = {k: v for k, v in (("state_tracking", self.state_tracking),
+                            ("action_monitoring", self.action_monitoring)) if v is not None}
+    return game.context(**kw)
+
+
 # -- generation ------------------------------------------------------------------------------
 
 

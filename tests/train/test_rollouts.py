@@ -361,3 +361,80 @@ def test_summary_fields_are_json():
   s = rollouts.EpisodeSummary(0, "t", 1, True, 1.0, 1.0, 2, "won", 0, 0, 0, 10, 0)
   assert json.loads(json.dumps(dataclasses.asdict(s)))["end"] == "won"
 
+
+
+# -- real ALFWorld games --------------------------------------------------------------------
+
+
+def make_alfworld(task):
+  from harnax.envs.text import alfworld
+  # Generated tasks are solvable by construction; skipping the planner check halves loading.
+  return alfworld.make(task, check_solvable=False)
+
+
+@pytest.fixture(scope="module")
+def alfworld_tasks():
+  alfworld = pytest.importorskip("harnax.envs.text.alfworld")
+  return alfworld.tasks("seen", per_type=1)[:2]
+
+
+@pytest.fixture(scope="module")
+def alfworld_log(agent, alfworld_tasks, tmp_path_factory):
+  path = tmp_path_factory.mktemp("alfworld") / "log.jsonl"
+  res = rollouts.rollout(alfworld_tasks, make_alfworld, _generator(agent), batch_size=2,
+                         max_turns=2, log_path=str(path))
+  return res, rollouts.read_log(str(path))
+
+
+@pytest.mark.slow
+def test_alfworld_rollout_logs_and_replays(alfworld_log, alfworld_tasks):
+  res, records = alfworld_log
+  assert res.batch_sizes == [2, 2]
+  by_episode = rollouts.episodes(records)
+  for ep, recs in by_episode.items():
+    reset, turns = recs[0], recs[1:-1]
+    task = alfworld_tasks[ep]
+    assert rollouts.task_from_record(reset) == task
+    assert reset["observation"].startswith("-= Welcome to TextWorld, ALFRED! =-")
+    assert reset["goal"] and reset["goal"] in reset["observation"]
+    assert [r["turn"] for r in turns] == [0, 1] and turns[-1]["done"]
+    assert turns[0]["context"] == reset["observation"].strip()
+    for r in turns:
+      assert r["task"] == task.ident and r["won"] is False and r["score"] == 0.0
+      if r["action"] is not None:  # the game answered the random model's command
+        assert r["observation"] and r["moves"] >= 1
+    assert recs[-1]["end"] == "max_turns"
+  # Replay loads the game afresh (seconds per ALFWorld game): one episode.
+  assert rollouts.replay(by_episode[0], make_alfworld).ok
+
+
+class PlanBook:
+  """Answers each ALFWorld context with the next command of its game's expert plan (the
+  opening observation, the first line of the context, names the game)."""
+
+  def __init__(self, tasks):
+    self.plans = {}
+    for task in tasks:
+      game = make_alfworld(task)
+      obs, _ = game.reset()
+      self.plans[obs.strip()] = iter(game.expert_plan())
+      game.close()
+
+  def __call__(self, contexts):
+    out = []
+    for c in contexts:
+      opening = next(k for k in self.plans if c.startswith(k))
+      out.append(rollouts.Generated(f"Think: plan\nAction: {next(self.plans[opening])}", 3, 9))
+    return out
+
+
+@pytest.mark.slow
+def test_alfworld_expert_actions_win_in_worker_processes(alfworld_tasks, tmp_path):
+  book = PlanBook(alfworld_tasks)
+  res = rollouts.rollout(alfworld_tasks, make_alfworld, book, batch_size=2, max_turns=30,
+                         workers=2, log_path=str(tmp_path / "log.jsonl"))
+  assert [(e.won, e.end, e.score, e.ret, e.parse_failures) for e in res.episodes] == [
+      (True, "won", 1.0, 1.0, 0)] * 2
+  turns = [r for r in rollouts.read_log(str(tmp_path / "log.jsonl")) if r["kind"] == "turn"]
+  last = [r for r in turns if r["done"]]
+  assert [(r["won"], r["reward"], r["terminated"]) for r in last] == [(True, 1.0, True)] * 2
