@@ -22,9 +22,10 @@ run with workers logs exactly what ``workers=0`` (everything in this process) lo
 
 The log (:func:`read_log`) has one JSON object per line: a ``"run"`` header, then per
 episode a ``"reset"`` record, one ``"turn"`` record per turn (context, output, parsed action,
-parse error, harness verdict, observation, reward, score, won, done) and an ``"episode"``
-summary. :func:`replay` re-executes an episode's logged actions on a fresh game and checks
-that the game answers as logged.
+parse error, harness verdict, observation, reward, score, won, done, and ``batch``: the index
+of the batched generation it was part of) and an ``"episode"`` summary. :func:`replay`
+re-executes an episode's logged actions on a fresh game and checks that the game answers as
+logged.
 """
 
 from __future__ import annotations
@@ -691,8 +692,9 @@ def rollout(tasks: Iterable[GameTask], make_game: Callable[[GameTask], Any], gen
         g["score"], g["won"] = float(info.get("score", g["score"])), bool(info.get("won"))
         done = res["terminated"] or res["truncated"] or g["turn"] >= max_turns
         write(dict(kind="turn", episode=g["episode"], task=g["task"].ident, turn=g["turn"] - 1,
-                   context=g["context"], prompt_tokens=out.prompt_tokens,
-                   prompt_cut=out.prompt_cut, output=out.text, output_tokens=out.num_tokens,
+                   batch=len(batch_sizes) - 1, context=g["context"],
+                   prompt_tokens=out.prompt_tokens, prompt_cut=out.prompt_cut,
+                   output=out.text, output_tokens=out.num_tokens,
                    reasoning=p.reasoning, action=p.action, parse_error=p.error,
                    harness=_jsonable(verdict), observation=res["observation"],
                    reward=res["reward"], **info_fields(info), terminated=res["terminated"],

@@ -170,8 +170,8 @@ def test_queue_refills_slots_and_the_log_follows_the_games(tmp_path):
           f"> {r['action']}\n{r['observation']}" for r in turns[:t]])
       assert turns[t]["context"] == shown
   # Turn records appear in the batched order: episodes interleave.
-  order = [(r["episode"], r["turn"]) for r in records if r["kind"] == "turn"]
-  assert order[:4] == [(0, 0), (1, 0), (2, 0), (1, 1)]
+  order = [(r["episode"], r["turn"], r["batch"]) for r in records if r["kind"] == "turn"]
+  assert order[:4] == [(0, 0, 0), (1, 0, 0), (2, 0, 1), (1, 1, 1)]
 
 
 def test_parse_failures_are_counted_not_raised(tmp_path):
