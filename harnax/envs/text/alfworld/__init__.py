@@ -22,6 +22,7 @@ import re
 from harnax.envs.text.alfworld.game import AlfWorldGame
 from harnax.envs.text.alfworld.game import demangle
 from harnax.envs.text.alfworld.game import read_game_file
+from harnax.envs.text.alfworld.problems import DISTRACTORS
 from harnax.envs.text.alfworld.problems import ROOM_TYPES
 from harnax.envs.text.alfworld.problems import SEEN_FLOORPLANS
 from harnax.envs.text.alfworld.problems import TASK_TYPES
@@ -36,9 +37,9 @@ from harnax.envs.text.base import GameLoadError
 from harnax.envs.text.base import GameTask
 
 __all__ = [
-  "TASK_TYPES", "SEEN_FLOORPLANS", "UNSEEN_FLOORPLANS", "ROOM_TYPES", "AlfWorldGame", "Problem",
-  "ProblemError", "GameLoadError", "tasks", "make", "problem", "load_game_file",
-  "write_game_file", "generate", "demangle",
+  "TASK_TYPES", "SEEN_FLOORPLANS", "UNSEEN_FLOORPLANS", "ROOM_TYPES", "DISTRACTORS",
+  "AlfWorldGame", "Problem", "ProblemError", "GameLoadError", "tasks", "make", "problem",
+  "load_game_file", "write_game_file", "generate", "demangle",
 ]
 
 GAME = "alfworld"
@@ -59,8 +60,8 @@ def _room(floorplan: str) -> str:
   return next(room for room, nums in ROOM_TYPES.items() if n in nums)
 
 
-def tasks(split: str, *, per_type: int = 5, task_types=TASK_TYPES, seed: int = 0
-          ) -> list[GameTask]:
+def tasks(split: str, *, per_type: int = 5, task_types=TASK_TYPES, seed: int = 0,
+          distractors: int | None = DISTRACTORS) -> list[GameTask]:
   """A deterministic list of generated task instances.
 
   For each task type, instances cycle through the room types that can host it (kitchen,
@@ -73,16 +74,21 @@ def tasks(split: str, *, per_type: int = 5, task_types=TASK_TYPES, seed: int = 0
     per_type: instances per task type (>= 1).
     task_types: a subset of :data:`TASK_TYPES`.
     seed: seed of the list (different seeds give different instances).
+    distractors: object classes placed besides the goal's (None: every class the room holds,
+      as in ALFWorld's scenes); see :func:`.problems.generate`.
 
   Returns:
-    GameTask(game="alfworld", task_type, split, ident, params=(floorplan, generator_seed)),
-    grouped by task type in the order of `task_types`.
+    GameTask(game="alfworld", task_type, split, ident,
+    params=(floorplan, generator_seed, distractors)), grouped by task type in the order of
+    `task_types`.
   """
   if split not in SPLITS:
     raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
   if not isinstance(per_type, int) or per_type < 1:
     raise ValueError(f"per_type: expected a positive int, got {per_type!r}")
   task_types = _check_task_types(task_types)
+  if distractors is not None and (not isinstance(distractors, int) or distractors < 0):
+    raise ValueError(f"distractors: expected None or an int >= 0, got {distractors!r}")
   plans = SEEN_FLOORPLANS if split == "seen" else UNSEEN_FLOORPLANS
   out = []
   for task_type in task_types:
@@ -98,8 +104,10 @@ def tasks(split: str, *, per_type: int = 5, task_types=TASK_TYPES, seed: int = 0
       fps = by_room[rooms[i % len(rooms)]]
       fp = fps[(i // len(rooms)) % len(fps)]
       gen_seed = rng.randrange(1_000_000)
+      size = "all" if distractors is None else distractors
       out.append(GameTask(game=GAME, task_type=task_type, split=split,
-                          ident=f"alfworld-{fp}-{task_type}-{gen_seed}", params=(fp, gen_seed)))
+                          ident=f"alfworld-{fp}-{task_type}-{gen_seed}-d{size}",
+                          params=(fp, gen_seed, distractors)))
   return out
 
 
@@ -107,11 +115,12 @@ def problem(task: GameTask) -> Problem:
   """The generated problem of a task from :func:`tasks`."""
   if not isinstance(task, GameTask) or task.game != GAME:
     raise ValueError(f"task: expected an ALFWorld GameTask, got {task!r}")
-  if len(task.params) != 2 or not isinstance(task.params[1], int):
-    raise ValueError(f"task.params: expected (floorplan, seed) of a generated task, got "
-                     f"{task.params!r}")
-  floorplan, seed = task.params
-  return generate(floorplan, task.task_type, seed)
+  params = task.params
+  if len(params) not in (2, 3) or not isinstance(params[1], int):
+    raise ValueError(f"task.params: expected (floorplan, seed[, distractors]) of a generated "
+                     f"task, got {params!r}")
+  distractors = params[2] if len(params) == 3 else DISTRACTORS
+  return generate(params[0], task.task_type, params[1], distractors=distractors)
 
 
 def make(task: GameTask, *, admissible: bool = True, max_steps: int = 50,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -66,25 +67,84 @@ def _translate(domain: str, problem: str, optimize: bool):
   return interface.pddl2sas(domain, problem, optimize=optimize)
 
 
-@contextlib.contextmanager
-def _engine_call():
-  """Memoized PDDL->SAS translation during an engine call, and the process's argv untouched.
+# Copies of Fast Downward's library (TextWorld loads one per environment; the engine's state
+# lives in it). A copy is never unloaded: the library's plugin registry is a process-wide
+# unique symbol, so unloading a copy and loading another crashes the process. Closed games
+# return their copy here and new games reuse it (loading a problem resets a copy entirely).
+_LIBRARIES: list = []
+_PLANNER: list = []  # the one copy that expert plans run in
 
-  Fast Downward's translator overwrites ``sys.argv`` (its options module parses it) and is
-  called by name (`fast_downward.pddl2sas`) inside TextWorld's state constructor; both are
-  restored on exit.
-  """
+
+def _library():
   import fast_downward
-  argv, original = list(sys.argv), fast_downward.pddl2sas
+  return _LIBRARIES.pop() if _LIBRARIES else fast_downward.load_lib()
 
-  def memoized(domain, problem, verbose=False, optimize=False):
+
+def _planner():
+  if not _PLANNER:
+    import fast_downward
+    _PLANNER.append(fast_downward.load_lib())
+  return _PLANNER[0]
+
+
+@functools.lru_cache(maxsize=256)
+def _translate_goal_part(domain: str, problem: str):
+  # The expert's problems (see AlfWorldGame.expert_plan) repeat along an episode and across
+  # resets; translated as TextWorld translates a problem for its own planner.
+  with _engine_call():
+    from fast_downward import interface
+    return interface.pddl2sas(domain, problem, optimize=True)
+
+
+def _memoized_parser(parse):
+  """`parse` (a pure function of its string arguments) memoized; callers get a fresh copy.
+
+  TextWorld parses every command template and every grammar condition with tatsu on every
+  step, which is most of a step's time; the results are attached to a derivation's context
+  afterwards, hence the copy.
+  """
+  cached = functools.lru_cache(maxsize=4096)(
+    lambda args, kwargs: parse(*args, **dict(kwargs)))
+
+  def memoized(*args, **kwargs):
+    return copy.deepcopy(cached(args, tuple(sorted(kwargs.items()))))
+
+  return memoized
+
+
+@functools.cache
+def _patches():
+  import fast_downward
+  from textworld import logic
+  from textworld.envs.pddl import textgen
+
+  def translate(domain, problem, verbose=False, optimize=False):
     return _translate(domain, problem, bool(optimize))
 
-  fast_downward.pddl2sas = memoized
+  return ((fast_downward, "pddl2sas", translate),
+          (textgen, "_parse_and_convert", _memoized_parser(textgen._parse_and_convert)),
+          (logic, "_parse_and_convert", _memoized_parser(logic._parse_and_convert)))
+
+
+@contextlib.contextmanager
+def _engine_call():
+  """Runs an engine call with pure functions memoized and the process's argv untouched.
+
+  Memoized during the call: Fast Downward's PDDL->SAS translation (TextWorld reruns it on every
+  reset) and TextWorld's template and query parsers (rerun on every step); they are looked up
+  by name at call time, so they are swapped in here and restored on exit. Fast Downward's
+  translator overwrites ``sys.argv`` (its options module parses it); it is restored as well.
+  Not thread-safe: play games of one process from one thread.
+  """
+  argv = list(sys.argv)
+  saved = [(module, name, getattr(module, name)) for module, name, _ in _patches()]
+  for module, name, function in _patches():
+    setattr(module, name, function)
   try:
     yield
   finally:
-    fast_downward.pddl2sas = original
+    for module, name, function in saved:
+      setattr(module, name, function)
     sys.argv[:] = argv
 
 
@@ -142,7 +202,17 @@ class AlfWorldGame:
     self.task = task
     self.admissible = bool(admissible)
     self.max_steps = max_steps
-    self._env = PddlEnv(textworld.EnvInfos(admissible_commands=True, won=True))
+    # PddlEnv's constructor loads a fresh copy of the library; reuse a pooled one instead.
+    self._env = PddlEnv.__new__(PddlEnv)
+    textworld.Environment.__init__(self._env, textworld.EnvInfos(admissible_commands=True,
+                                                                 won=True))
+    self._env.downward_lib = _library()
+    self._domain = data["pddl_domain"]
+    found = re.search(r"\(:goal", data["pddl_problem"], re.I)
+    if found is None:
+      self.close()
+      raise GameLoadError(f"{source}: the PDDL problem has no (:goal ...) section")
+    self._goal_pddl = data["pddl_problem"][found.start():].strip()
     try:
       with _engine_call():
         self._env.load(data)
@@ -202,7 +272,8 @@ class AlfWorldGame:
       raise RuntimeError("step: the episode is over (won or truncated); call reset()")
     if not isinstance(action, str):
       raise TypeError(f"action: expected a str command, got {type(action).__name__}")
-    self._state, _, _ = self._env.step(action)
+    with _engine_call():
+      self._state, _, _ = self._env.step(action)
     self._moves += 1
     score = 1.0 if self._state["won"] else 0.0
     reward, self._score = score - self._score, score
@@ -212,23 +283,59 @@ class AlfWorldGame:
     return self._state.feedback, reward, terminated, truncated, self._info()
 
   def expert_plan(self) -> list[str]:
-    """The planner's plan from the current state, as commands the game accepts ([] if won)."""
+    """The planner's plan from the current state, as commands the game accepts ([] if won).
+
+    Fast Downward plans on the goal-relevant part of the current state: every fact of the
+    state except those of objects that are neither of a class the goal names nor held. The
+    other objects are inert in ALFWorld's domain (no receptacle fills up, nothing blocks an
+    action), so a plan for the relevant part is a plan for the whole state, and an optimal
+    one stays optimal (moving an inert object only adds steps). The planner's own search is
+    uniform-cost, whose cost grows steeply with the number of movable objects; this keeps a
+    plan to under a second where planning on the whole room takes up to minutes.
+
+    Raises:
+      RuntimeError: before reset or after close.
+    """
     if self._env is None or self._state is None:
       raise RuntimeError("expert_plan: call reset() first (or the game is closed)")
     if self._state["won"]:
       return []
-    # TextWorld computes the plan only inside its per-step info gathering; asking its state
-    # directly plans once, on demand.
-    plan = self._env._pddl_state.replan(self._env._entity_infos)
-    return list(plan)
+    state = self._env._pddl_state
+    text = self._planning_problem(state)
+    _, sas = _translate_goal_part(self._domain, text)
+    planner = _planner()
+    planner.load_sas(sas.encode("utf-8"))
+    if not planner.solve(False):
+      return []
+    from fast_downward import Operator
+    ops = (Operator * planner.get_last_plan_length())()
+    planner.get_last_plan(ops)
+    return list(state.plan_to_templated_actions([op.name for op in ops],
+                                                self._env._entity_infos))
+
+  def _planning_problem(self, state) -> str:
+    """The goal-relevant part of `state` as a PDDL problem (see :meth:`expert_plan`)."""
+    facts = [f for f in state.facts if not f.name.startswith(("new-axiom", "not_"))]
+    goal_types = set(re.findall(r"\b([a-z0-9]+type)\b", self._goal_pddl.lower()))
+    objects = {n for n, t in state.name2type.items() if t == "object"}
+    keep = {f.arguments[0].name for f in facts
+            if f.name == "objecttype" and f.arguments[1].name in goal_types}
+    keep |= {f.arguments[1].name for f in facts if f.name == "holds"}
+    drop = objects - keep
+    decl = [f"{n} - {t}" for n, t in sorted(state.name2type.items()) if n not in drop]
+    init = sorted(f"({f.name} {' '.join(v.name for v in f.arguments)})" for f in facts
+                  if not any(v.name in drop for v in f.arguments))
+    sep = "\n  "
+    return (f"(define (problem expert)\n(:domain alfred)\n(:objects{sep}{sep.join(decl)}\n)\n"
+            f"(:init{sep}{sep.join(init)}\n)\n{self._goal_pddl}\n")
 
   def close(self) -> None:
-    """Frees the engine (its private copy of Fast Downward's library)."""
+    """Ends the game; its copy of Fast Downward's library goes back to the pool."""
     env, self._env = getattr(self, "_env", None), None
-    if env is not None and getattr(env, "downward_lib", None) is not None:
-      import fast_downward
-      fast_downward.close_lib(env.downward_lib)
+    lib = getattr(env, "downward_lib", None)
+    if lib is not None:
       env.downward_lib = None
+      _LIBRARIES.append(lib)
 
   def __del__(self):
     with contextlib.suppress(Exception):

@@ -68,6 +68,8 @@ _APPLIANCE = {
 }
 
 
+DISTRACTORS = 8
+
 class ProblemError(ValueError):
   """A problem cannot be generated (unknown floor plan or task type, unsupported room)."""
 
@@ -235,7 +237,8 @@ def _goal_sentence(goal_library, task_type: str, targets: dict, rng: random.Rand
                          toggle=targets.get("toggle", "").lower())
 
 
-def generate(floorplan: str, task_type: str, seed: int) -> Problem:
+def generate(floorplan: str, task_type: str, seed: int, *,
+             distractors: int | None = DISTRACTORS) -> Problem:
   """Generates one problem.
 
   Args:
@@ -270,6 +273,10 @@ def generate(floorplan: str, task_type: str, seed: int) -> Problem:
     placeable = [c for c in placeable if c not in _LIGHTS or c == targets["toggle"]]
   else:
     placeable = [c for c in placeable if c not in _LIGHTS]
+  if distractors is not None:
+    others = [c for c in placeable if c not in targets.values()]
+    keep = set(rng.sample(others, min(distractors, len(others)))) | set(targets.values())
+    placeable = [c for c in placeable if c in keep]
   placed = []  # (object THOR id, class, receptacle THOR id, location)
   for c in placeable:
     low = 2 if (task_type == "pick_two_obj_and_place" and c == target_obj) else 1
