@@ -180,12 +180,14 @@ def load_scene(floorplan: str) -> Scene:
   return Scene(floorplan, tuple(receptacles), tuple(sorted(set(classes))))
 
 
+@functools.cache
 def _pickupable() -> frozenset[str]:
   constants, _ = _alfworld()
   held = set().union(*constants.VAL_RECEPTACLE_OBJECTS.values())
   return frozenset(c for c in held if not c.endswith("Sliced"))
 
 
+@functools.cache
 def _can_hold(receptacle_class: str, object_class: str) -> bool:
   constants, _ = _alfworld()
   if object_class in _LIGHTS:
@@ -198,7 +200,8 @@ def _affordance(object_class: str, name: str) -> bool:
   return object_class in constants.VAL_ACTION_OBJECTS[name]
 
 
-def candidate_targets(scene: Scene, task_type: str) -> list[tuple[tuple[str, str], ...]]:
+@functools.cache
+def candidate_targets(scene: Scene, task_type: str) -> tuple[tuple[tuple[str, str], ...], ...]:
   """Every achievable goal of `task_type` in `scene`, as sorted ((role, class), ...) tuples.
 
   Empty when the room cannot host the task type (no appliance, no lamp, no object class).
@@ -211,10 +214,10 @@ def candidate_targets(scene: Scene, task_type: str) -> list[tuple[tuple[str, str
   if task_type == "look_at_obj_in_light":
     lights = [lamp for lamp in _LIGHTS if lamp in scene.classes
               and any(_can_hold(r, lamp) for r in rclasses)]
-    return [(("obj", o), ("toggle", lamp)) for lamp in lights for o in objects]
+    return tuple((("obj", o), ("toggle", lamp)) for lamp in lights for o in objects)
   appliance, affordance = _APPLIANCE.get(task_type, (None, None))
   if appliance is not None and appliance not in rclasses:
-    return []
+    return ()
   out = []
   for o in objects:
     if affordance is not None and not _affordance(o, affordance):
@@ -228,7 +231,7 @@ def candidate_targets(scene: Scene, task_type: str) -> list[tuple[tuple[str, str
       if not elsewhere:
         continue
       out.append((("obj", o), ("recep", r)))
-  return out
+  return tuple(out)
 
 
 def _goal_sentence(goal_library, task_type: str, targets: dict, rng: random.Random) -> str:
