@@ -210,6 +210,7 @@ class Harness:
     self._transitions.append((key, turn))
     if executed:
       self.admissible = _admissible(info) if "admissible" in info else self.admissible
+      self.record.see_commands(self.admissible)
     if recent:
       report = (f'Loop detected: "{action.strip()}" in the same situation gave the same result '
                 f"at turn {recent[-1]}; repeating it will not help.")
@@ -274,7 +275,7 @@ class Turn:
 
 def render_context(goal: str, turns: Sequence[Turn], record: Record | None, *,
                    opening: str = "", state_tracking: bool = True,
-                   action_monitoring: bool = True) -> str:
+                   action_monitoring: bool = True, window: int | None = None) -> str:
   """The agent's context: task, opening text, turns, and the enabled harness parts.
 
   A pure function of its arguments. Harness parts are whole blocks: each turn's monitor feedback
@@ -290,9 +291,14 @@ def render_context(goal: str, turns: Sequence[Turn], record: Record | None, *,
     opening: the game's opening observation.
     state_tracking: render the record.
     action_monitoring: render the monitor's feedback.
+    window: show only the last `window` turns (None: all). A small model's context stays
+      short; the record keeps what the earlier turns showed.
   """
   if state_tracking and record is None:
     raise ValueError("record: expected a Record when state_tracking is on, got None")
+  if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                             or window < 0):
+    raise ValueError(f"window: expected None or an int >= 0, got {window!r}")
   parts = []
   opening = opening.strip()
   if goal and goal not in opening:
@@ -302,6 +308,8 @@ def render_context(goal: str, turns: Sequence[Turn], record: Record | None, *,
   for i, turn in enumerate(turns):
     if not isinstance(turn, Turn):
       raise ValueError(f"turns[{i}]: expected a Turn, got {type(turn).__name__}")
+  shown = list(turns) if window is None else (list(turns)[-window:] if window else [])
+  for turn in shown:
     parts.append(f"> {turn.action.strip()}\n{turn.observation.strip()}\n")
     if action_monitoring and turn.feedback:
       parts.append(f"{FEEDBACK_OPEN}{turn.feedback}{FEEDBACK_CLOSE}\n")
@@ -390,20 +398,21 @@ class HarnessedGame:
     return obs, float(reward), bool(terminated), bool(truncated), info
 
   def context(self, *, state_tracking: bool | None = None,
-              action_monitoring: bool | None = None) -> str:
-    """The agent's context now (components default to the config's)."""
+              action_monitoring: bool | None = None, window: int | None = None) -> str:
+    """The agent's context now (components default to the config's; `window`: the last
+    turns shown, None for all)."""
     return self.context_at(len(self.turns), state_tracking=state_tracking,
-                           action_monitoring=action_monitoring)
+                           action_monitoring=action_monitoring, window=window)
 
   def context_at(self, t: int, *, state_tracking: bool | None = None,
-                 action_monitoring: bool | None = None) -> str:
+                 action_monitoring: bool | None = None, window: int | None = None) -> str:
     """The agent's context before turn `t` (0: right after the reset)."""
     if not isinstance(t, int) or not 0 <= t <= len(self.turns):
       raise ValueError(f"t: expected an int in [0, {len(self.turns)}], got {t!r}")
     st = self.config.state_tracking if state_tracking is None else state_tracking
     am = self.config.action_monitoring if action_monitoring is None else action_monitoring
     return render_context(self.goal, self.turns[:t], self.records[t], opening=self.opening,
-                          state_tracking=st, action_monitoring=am)
+                          state_tracking=st, action_monitoring=am, window=window)
 
   def expert_plan(self) -> list[str]:
     return self.env.expert_plan()

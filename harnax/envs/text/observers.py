@@ -142,7 +142,8 @@ def contradiction(record: Record, action: str) -> str | None:
 
 def _not_here(record: Record, target: str) -> str | None:
   # ALFWorld acts only on the receptacle the agent stands at.
-  if record.location is not None and target != record.location and target in record.places:
+  if (record.location is not None and target != record.location
+      and target not in record.nearby and target in record.places):
     return f"you are at {record.location}, not at {target}"
   if record.location is None and target in record.places:
     return f"you have not gone to {target}"
@@ -194,7 +195,8 @@ def _alfworld_contradiction(record: Record, it: Intent) -> str | None:
     return None
   if it.verb == "use":
     seen = record.objects.get(it.obj)
-    if seen is not None and seen.where not in (INVENTORY, record.location):
+    if seen is not None and seen.where not in (INVENTORY, record.location,
+                                                *sorted(record.nearby)):
       return f"{it.obj} was seen in {seen.where}, and you are at {record.location or 'no place'}"
   return None
 

@@ -70,6 +70,8 @@ class Record:
     inventory_complete: `inventory` is the full list (ALFWorld starts empty; ScienceWorld's is
       complete once an "inventory" command was observed).
     properties: object -> states the game reported ("hot", "cool", "clean", "sliced", "on").
+    nearby: ALFWorld only: receptacles that share the agent's spot (the game offers no "go to"
+      for them, they are opened and used from here), read off the admissible commands.
   """
 
   game: str
@@ -83,6 +85,7 @@ class Record:
   inventory: list[str] = dataclasses.field(default_factory=list)
   inventory_complete: bool = False
   properties: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+  nearby: set[str] = dataclasses.field(default_factory=set)
 
   def __post_init__(self):
     if self.game not in GAMES:
@@ -99,7 +102,16 @@ class Record:
 
   def arrive(self, name: str):
     self.location = name
+    self.nearby = set()
     self.add_place(name).visited = True
+
+  def see_commands(self, admissible) -> None:
+    """ALFWorld: the places the game offers no "go to" for share the agent's spot."""
+    if self.game != "alfworld" or admissible is None or self.location is None:
+      return
+    offered = set(admissible)
+    self.nearby = {p for p in self.places
+                   if p != self.location and f"go to {p}" not in offered}
 
   def see_contents(self, where: str, items: list[str]):
     """`where` was observed to hold exactly `items` now."""
@@ -197,6 +209,8 @@ class Record:
   def render(self) -> str:
     """Compact ``key: value`` lines in a stable order (sorted names), one fact group a line."""
     lines = [f"location: {self.location or 'unknown'}"]
+    if self.nearby:
+      lines.append(f"also here: {', '.join(sorted(self.nearby))}")
     if self.inventory:
       inv = ", ".join(self.inventory) + ("" if self.inventory_complete else " (maybe more)")
     else:

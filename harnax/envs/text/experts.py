@@ -1,0 +1,234 @@
+"""Walkthrough experts that act from what the harness has observed, with their reasoning.
+
+A planner's plan (``expert_plan()``) knows where every object is: imitating it teaches a model to
+guess. The teacher of the HAD study is instead trained on walkthroughs of an expert that sees
+only what the agent sees — the goal, the harness record and the admissible commands — and
+explains each action by the record facts it rests on. Every decision is a simple function of
+the rendered context, so a small model can learn it (docs/text_agents.md).
+
+ALFWorld (:func:`alfworld_step`), from the goal sentence (the six task types' templates):
+
+1. carrying a target object that still needs its change (heat / cool / clean): do it when the
+   appliance is here, else go to the appliance;
+2. carrying a ready target: ``look at … under the lamp`` uses the lamp when it is here, else goes
+   where the lamp was seen (or explores); placement puts it in a target receptacle when here,
+   else goes to one (opening it first when it is closed);
+3. a target object seen somewhere (not already placed): take it when here, else go there;
+4. otherwise explore: open the closed receptacle here, or go to the first place the record has
+   not visited (the record lists them sorted, so the choice is "the first name of that line").
+
+ScienceWorld's expert is its gold path (``expert_plan()``), replayed with a generic thought.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from harnax.envs.text.record import CLOSED
+from harnax.envs.text.record import INVENTORY
+from harnax.envs.text.record import Record
+
+# The change each task needs, and the receptacle classes that make it (ALFWorld's appliances).
+CHANGES = {"heat": ("hot", ("microwave",)), "cool": ("cool", ("fridge",)),
+           "clean": ("clean", ("sinkbasin", "bathtubbasin"))}
+
+_GOALS = (
+    (re.compile(r"put a clean (?P<obj>\w+) in (?P<recep>\w+)"), "clean", 1),
+    (re.compile(r"clean some (?P<obj>\w+) and put it in (?P<recep>\w+)"), "clean", 1),
+    (re.compile(r"put a hot (?P<obj>\w+) in (?P<recep>\w+)"), "heat", 1),
+    (re.compile(r"heat some (?P<obj>\w+) and put it in (?P<recep>\w+)"), "heat", 1),
+    (re.compile(r"put a cool (?P<obj>\w+) in (?P<recep>\w+)"), "cool", 1),
+    (re.compile(r"cool some (?P<obj>\w+) and put it in (?P<recep>\w+)"), "cool", 1),
+    (re.compile(r"put two (?P<obj>\w+) in (?P<recep>\w+)"), None, 2),
+    (re.compile(r"find two (?P<obj>\w+) and put them in (?P<recep>\w+)"), None, 2),
+    (re.compile(r"look at (?P<obj>\w+) under the (?P<lamp>\w+)"), None, 1),
+    (re.compile(r"examine the (?P<obj>\w+) with the (?P<lamp>\w+)"), None, 1),
+    (re.compile(r"put a (?P<obj>\w+) in (?P<recep>\w+)"), None, 1),
+    (re.compile(r"put some (?P<obj>\w+) on (?P<recep>\w+)"), None, 1),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlfWorldGoal:
+  """An ALFWorld goal sentence, parsed.
+
+  Attributes:
+    obj: the target object class ("apple").
+    recep: the target receptacle class ("fridge"), or None (look-at tasks).
+    change: "heat", "cool", "clean" or None.
+    count: objects to place (2 for pick_two_obj_and_place).
+    lamp: the light class of a look-at task ("desklamp"), or None.
+  """
+
+  obj: str
+  recep: str | None = None
+  change: str | None = None
+  count: int = 1
+  lamp: str | None = None
+
+
+def parse_alfworld_goal(goal: str) -> AlfWorldGoal:
+  """Parses an ALFWorld task sentence ("put a clean egg in microwave").
+
+  Raises:
+    ValueError: the sentence matches none of the six task types' templates.
+  """
+  text = goal.strip().lower().rstrip(".")
+  text = re.sub(r"^your task is to:\s*", "", text)
+  for pattern, change, count in _GOALS:
+    m = pattern.fullmatch(text)
+    if m:
+      groups = m.groupdict()
+      return AlfWorldGoal(obj=groups["obj"], recep=groups.get("recep"), change=change,
+                          count=count, lamp=groups.get("lamp"))
+  raise ValueError(f"goal: {goal!r} matches none of ALFWorld's six task templates")
+
+
+def name_class(name: str) -> str:
+  """"apple 1" -> "apple"."""
+  return name.rsplit(" ", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertStep:
+  """The expert's action and the thought that explains it from the record."""
+
+  action: str
+  thought: str
+
+
+def _first(commands, prefix: str) -> str | None:
+  return next((c for c in commands if c.startswith(prefix)), None)
+
+
+def _go(record: Record, place: str, why: str) -> ExpertStep:
+  return ExpertStep(f"go to {place}", f"{why} I go to {place}.")
+
+
+def _places_of(record: Record, cls: str) -> list[str]:
+  return sorted((p for p in record.places if name_class(p) == cls),
+                key=lambda p: (not record.places[p].visited, _number(p)))
+
+
+def _number(name: str) -> int:
+  tail = name.rsplit(" ", 1)[-1]
+  return int(tail) if tail.isdigit() else 0
+
+
+def _placed(record: Record, goal: AlfWorldGoal) -> list[str]:
+  """Target objects the record saw in a receptacle of the target class."""
+  return sorted(o for o, s in record.objects.items()
+                if name_class(o) == goal.obj and goal.recep is not None
+                and s.where != INVENTORY and name_class(s.where) == goal.recep)
+
+
+def _local(record: Record) -> list[str]:
+  """The places at the agent's position: where it is, then the receptacles that share that spot
+  (the record's "also here": ALFWorld offers no "go to" for them)."""
+  if record.location is None:
+    return []
+  return [record.location] + sorted(record.nearby, key=_number)
+
+
+def _explored(record: Record, place: str) -> bool:
+  return record.places[place].visited or place in record.contents
+
+
+def _explore(record: Record, want: str, commands: tuple[str, ...]) -> ExpertStep:
+  for place in _local(record):
+    if record.openness.get(place) == CLOSED or (
+        not _explored(record, place) and f"open {place}" in commands):
+      return ExpertStep(f"open {place}", f"{place} is closed; I open it to see inside.")
+    if not _explored(record, place) and f"examine {place}" in commands:
+      return ExpertStep(f"examine {place}", f"I have not looked at {place}; I examine it.")
+  unexplored = sorted((p for p in record.places if not _explored(record, p)), key=_sort_key)
+  if unexplored:
+    return _go(record, unexplored[0], f"No {want} seen yet. {unexplored[0]} is the first place "
+                                      f"not visited.")
+  closed = sorted((p for p, s in record.openness.items() if s == CLOSED), key=_sort_key)
+  if closed:
+    return _go(record, closed[0], f"No {want} seen yet; {closed[0]} is still closed.")
+  return ExpertStep("look", f"No {want} seen anywhere; I look around again.")
+
+
+def _sort_key(name: str):
+  # The record renders places sorted by name; the expert explores in that same order.
+  return name
+
+
+def alfworld_step(goal: AlfWorldGoal | str, record: Record,
+                  admissible: tuple[str, ...] | None) -> ExpertStep:
+  """The expert's next action from the goal, the harness record and the admissible commands.
+
+  Args:
+    goal: the parsed goal or the task sentence.
+    record: the harness record now (ALFWorld).
+    admissible: the game's admissible commands (None: the expert writes commands itself).
+
+  Returns:
+    The action and its thought.
+  """
+  if isinstance(goal, str):
+    goal = parse_alfworld_goal(goal)
+  if record.game != "alfworld":
+    raise ValueError(f"record: expected an ALFWorld record, got {record.game!r}")
+  commands = tuple(admissible or ())
+  local = _local(record)
+  carried = [o for o in record.inventory if name_class(o) == goal.obj]
+
+  if carried:
+    obj = carried[0]
+    if goal.change is not None:
+      prop, appliances = CHANGES[goal.change]
+      if prop not in record.properties.get(obj, set()):
+        for place in local:
+          if name_class(place) in appliances:
+            return ExpertStep(f"{goal.change} {obj} with {place}",
+                              f"I carry {obj} and it must be {prop}; I {goal.change} it with "
+                              f"{place}.")
+        for cls in appliances:
+          places = _places_of(record, cls)
+          if places:
+            return _go(record, places[0], f"I carry {obj}; it must be {prop} first.")
+        return _explore(record, " or ".join(appliances), commands)
+    if goal.lamp is not None:
+      lamps = sorted((o for o in record.objects if name_class(o) == goal.lamp),
+                     key=_number)
+      for lamp in lamps:
+        where = record.objects[lamp].where
+        if where in local:
+          return ExpertStep(f"use {lamp}", f"I carry {obj} and {lamp} is here; I use it.")
+      if lamps:
+        return _go(record, record.objects[lamps[0]].where,
+                   f"I carry {obj}; the record shows {lamps[0]} in "
+                   f"{record.objects[lamps[0]].where}.")
+      return _explore(record, goal.lamp, commands)
+    targets = _places_of(record, goal.recep)
+    for place in local:
+      if name_class(place) != goal.recep:
+        continue
+      if record.openness.get(place) == CLOSED:
+        return ExpertStep(f"open {place}", f"{place} is closed; I open it to put {obj} in.")
+      put = _first(commands, f"move {obj} to {place}") or _first(commands, f"put {obj} ")
+      return ExpertStep(put or f"move {obj} to {place}",
+                        f"I carry {obj}, ready; I put it in {place}.")
+    if targets:
+      return _go(record, targets[0], f"I carry {obj}, ready for {goal.recep}.")
+    return _explore(record, goal.recep, commands)
+
+  placed = _placed(record, goal)
+  seen = sorted((o for o, s in record.objects.items()
+                 if name_class(o) == goal.obj and s.where != INVENTORY and o not in placed),
+                key=lambda o: (record.objects[o].where not in local, _number(o)))
+  if seen:
+    obj = seen[0]
+    where = record.objects[obj].where
+    if where in local:
+      if record.openness.get(where) == CLOSED:
+        return ExpertStep(f"open {where}", f"{obj} is in {where}, which is closed; I open it.")
+      return ExpertStep(f"take {obj} from {where}",
+                        f"The record shows {obj} in {where}, where I am; I take it.")
+    return _go(record, where, f"The record shows {obj} in {where}.")
+  want = goal.obj if not placed else f"second {goal.obj}"
+  return _explore(record, want, commands)
