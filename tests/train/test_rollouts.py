@@ -378,16 +378,22 @@ def alfworld_tasks():
   return alfworld.tasks("seen", per_type=1)[:2]
 
 
+def make_harnessed_alfworld(task):
+  from harnax.envs.text import harness
+  return harness.HarnessedGame(make_alfworld(task), harness.HarnessConfig())
+
+
 @pytest.fixture(scope="module")
 def alfworld_log(agent, alfworld_tasks, tmp_path_factory):
   path = tmp_path_factory.mktemp("alfworld") / "log.jsonl"
-  res = rollouts.rollout(alfworld_tasks, make_alfworld, _generator(agent), batch_size=2,
-                         max_turns=2, log_path=str(path))
+  res = rollouts.rollout(alfworld_tasks, make_harnessed_alfworld, _generator(agent),
+                         render=rollouts.GameContext(), batch_size=2, max_turns=2,
+                         log_path=str(path))
   return res, rollouts.read_log(str(path))
 
 
 @pytest.mark.slow
-def test_alfworld_rollout_logs_and_replays(alfworld_log, alfworld_tasks):
+def test_harnessed_alfworld_rollout_logs_and_replays(alfworld_log, alfworld_tasks):
   res, records = alfworld_log
   assert res.batch_sizes == [2, 2]
   by_episode = rollouts.episodes(records)
@@ -398,14 +404,22 @@ def test_alfworld_rollout_logs_and_replays(alfworld_log, alfworld_tasks):
     assert reset["observation"].startswith("-= Welcome to TextWorld, ALFRED! =-")
     assert reset["goal"] and reset["goal"] in reset["observation"]
     assert [r["turn"] for r in turns] == [0, 1] and turns[-1]["done"]
-    assert turns[0]["context"] == reset["observation"].strip()
+    # The harnessed game's own context: the opening, then the harness record block.
+    assert turns[0]["context"].startswith(reset["observation"].strip())
+    assert "<harness_state>" in turns[0]["context"]
     for r in turns:
       assert r["task"] == task.ident and r["won"] is False and r["score"] == 0.0
-      if r["action"] is not None:  # the game answered the random model's command
-        assert r["observation"] and r["moves"] >= 1
-    assert recs[-1]["end"] == "max_turns"
+      if r["action"] is None:
+        assert r["harness"] is None
+      else:  # the monitor judged the random model's command
+        assert {"accepted", "consistent", "stalled"} <= set(r["harness"])
+    summary = recs[-1]
+    assert summary["end"] == "max_turns"
+    assert summary["rejected"] == sum(bool(r["harness"]) and not r["harness"]["accepted"]
+                                      for r in turns)
+    assert summary["parse_failures"] == sum(r["action"] is None for r in turns)
   # Replay loads the game afresh (seconds per ALFWorld game): one episode.
-  assert rollouts.replay(by_episode[0], make_alfworld).ok
+  assert rollouts.replay(by_episode[0], make_harnessed_alfworld).ok
 
 
 class PlanBook:
