@@ -215,26 +215,29 @@ def _shutdown(gateway, proc: subprocess.Popen) -> None:
       proc.wait()
 
 
-def variations(task_name: str, which: str) -> tuple[int, ...]:
+def variations(task_name: str, which: str, *, game: ScienceWorldGame | None = None
+               ) -> tuple[int, ...]:
   """ScienceWorld's own variation split of a task.
 
   Args:
     task_name: one of :data:`ALL_TASK_NAMES`.
     which: "train", "dev" or "test" (``tasks`` maps "seen" to train and "unseen" to test).
+    game: a game whose JVM to ask (see :func:`tasks`); None starts a temporary JVM.
 
   Returns:
-    The variation indices, ascending. The first call per process starts a JVM for a second
-    or two (or asks a running game's JVM; the answer is cached).
+    The variation indices, ascending (cached per process after the first query).
   """
   _check_task_name(task_name, "task_name")
   if which not in _SPLIT_NAMES:
     raise ValueError(f"which: expected one of {_SPLIT_NAMES}, got {which!r}")
-  return _splits([task_name])[task_name][which]
+  return _splits([task_name], game)[task_name][which]
 
 
-def _splits(names) -> dict[str, dict]:
+def _splits(names, game: ScienceWorldGame | None = None) -> dict[str, dict]:
   missing = [n for n in names if n not in _SPLIT_CACHE]
-  if missing:
+  if missing and game is not None:
+    game._query_splits(missing)
+  elif missing:
     jvm = _Jvm()
     try:
       for n in missing:
@@ -244,8 +247,8 @@ def _splits(names) -> dict[str, dict]:
   return {n: _SPLIT_CACHE[n] for n in names}
 
 
-def tasks(split: str, *, task_names=TASK_NAMES, per_task: int | None = None, seed: int = 0
-          ) -> list[GameTask]:
+def tasks(split: str, *, task_names=TASK_NAMES, per_task: int | None = None, seed: int = 0,
+          game: ScienceWorldGame | None = None) -> list[GameTask]:
   """The task instances of a split: ScienceWorld variations of each task.
 
   Args:
@@ -254,6 +257,9 @@ def tasks(split: str, *, task_names=TASK_NAMES, per_task: int | None = None, see
     per_task: variations per task: None for all of the split's, else a seeded sample of that
       many (all of them where the split has fewer), listed in ascending order.
     seed: seed of the sample (unused when `per_task` is None).
+    game: a game whose JVM to ask for the splits the process has not seen yet (asking loads
+      tasks in it: its episode ends and it needs a reset); None starts a temporary JVM for
+      them (about 2 s). The splits are cached per process.
 
   Returns:
     GameTask(game="scienceworld", task_type=<task name>, split,
@@ -271,7 +277,7 @@ def tasks(split: str, *, task_names=TASK_NAMES, per_task: int | None = None, see
     _check_task_name(name, "task_names")
   if per_task is not None and (not isinstance(per_task, int) or per_task < 1):
     raise ValueError(f"per_task: expected None or a positive int, got {per_task!r}")
-  splits = _splits(task_names)
+  splits = _splits(task_names, game)
   out = []
   for name in task_names:
     pool = list(splits[name][_FOR_SPLIT[split]])
@@ -358,6 +364,14 @@ class ScienceWorldGame:
     if not self._jvm.alive:
       raise RuntimeError(f"{what}: the game is closed")
     return self._jvm.server
+
+  def _query_splits(self, names) -> None:
+    """Fills the split cache for `names` from this JVM (the episode ends: reset() is due)."""
+    self._server("tasks")
+    self._started = False
+    with self._jvm.errors("the variation lists"):
+      for n in names:
+        self._jvm.splits(n)
 
   def _set_task(self, task: GameTask) -> None:
     """Validates `task` against the simulator; it is loaded by the next reset()."""
