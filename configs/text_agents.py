@@ -1,0 +1,86 @@
+"""Config of harnax.studies.text_agents: a teacher (default) or student agent for ALFWorld,
+trained locally by SFT on walkthroughs of the record-based expert through the harness.
+
+  from harnax.studies import text_agents
+  text_agents.build_agent(get_config(), "results/text_teacher")
+
+Variants: "teacher" (default), "student" (a smaller model on the same data), "micro" (a tiny
+build for tests).
+"""
+
+import ml_collections
+
+from harnax.envs.text import alfworld
+
+
+def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.task_types = alfworld.TASK_TYPES
+  config.per_type = 12          # seen tasks per type whose walkthroughs are the training data
+  config.task_seed = 0          # alfworld.tasks(..., seed=)
+  config.max_steps = 50         # ALFWorld's usual step limit
+  config.window = 2             # recent turns shown in the context (the record keeps the rest)
+  config.seed = 0
+  config.agent_dir = "results/text_agents/teacher"   # where build_agent writes the model
+  config.checkpoint = None      # an existing HF model directory to evaluate instead (no build)
+  config.output_dir = "results/text_agents"
+
+  config.tokenizer = ml_collections.ConfigDict()
+  config.tokenizer.vocab_size = 1024
+  config.tokenizer.min_frequency = 2
+
+  # Qwen3 architecture (harnax.models.Qwen3Config); vocabulary = the tokenizer's.
+  config.model = ml_collections.ConfigDict()
+  config.model.hidden_size = 128
+  config.model.num_layers = 4
+  config.model.num_heads = 4
+  config.model.num_kv_heads = 2
+  config.model.head_dim = 32
+  config.model.intermediate_size = 384
+  config.model.rope_theta = 10000.0
+  config.model.max_position_embeddings = 1536
+  config.model.tie_word_embeddings = True
+  config.model.init_std = 0.08
+
+  config.sft = ml_collections.ConfigDict()
+  config.sft.num_steps = 1500
+  config.sft.batch_size = 8
+  config.sft.learning_rate = 3e-3
+  config.sft.warmup_steps = 50
+  config.sft.weight_decay = 0.0
+  config.sft.clip_norm = 1.0
+
+  # Evaluation (harnax.studies.text_agents.evaluate).
+  config.eval = ml_collections.ConfigDict()
+  config.eval.per_type = 3      # seen and unseen tasks per type
+  config.eval.task_seed = 1     # other seen instances than the training ones
+  config.eval.batch_size = 8
+  config.eval.max_steps = 50    # turns per evaluation episode
+  config.eval.max_new_tokens = 64
+  config.eval.settings = ("with_harness", "harness_removed", "state_tracking_hidden",
+                          "action_monitoring_hidden")
+
+  if variant == "student":
+    config.agent_dir = "results/text_agents/student"
+    config.model.hidden_size = 64
+    config.model.num_layers = 2
+    config.model.head_dim = 16
+    config.model.intermediate_size = 192
+    config.model.init_std = 0.12
+  elif variant == "micro":
+    config.agent_dir = "results/text_agents/micro"
+    config.task_types = ("pick_and_place_simple",)
+    config.per_type = 6
+    config.window = 1
+    config.tokenizer.vocab_size = 768
+    config.model.hidden_size = 64
+    config.model.num_layers = 2
+    config.model.head_dim = 16
+    config.model.intermediate_size = 192
+    config.model.init_std = 0.12
+    config.sft.num_steps = 300
+    config.sft.learning_rate = 5e-3
+    config.eval.per_type = 4
+  elif variant != "teacher":
+    raise ValueError(f"variant: expected 'teacher', 'student' or 'micro', got {variant!r}")
+  return config

@@ -1,0 +1,360 @@
+"""Teachers and students for the text games, built locally, and their evaluation.
+
+`build_agent(cfg, directory)` makes, without any download, a small Qwen3-architecture agent
+that plays ALFWorld through the harness (config: `configs/text_agents.py`; docs/text_agents.md):
+
+1. walkthroughs of the record-based expert (`harnax.envs.text.experts`) on the **seen** tasks,
+   played through the harness with both components on; every turn is one example: the prompt
+   is the context the agent sees (`HarnessedGame.context(window=...)`, in the chat template),
+   the output the expert's `Think: <reasoning from the record>\\nAction: <command>`;
+2. a byte-level BPE tokenizer trained on those prompts and outputs;
+3. a Qwen3 model of the config's size (teacher or student), trained by supervised next-token
+   learning on the outputs (`harnax.train.train_sft`);
+4. the model, the tokenizer and `manifest.json` in one Hugging Face directory (loadable by
+   harnax and transformers). A config that names an existing HF directory instead
+   (`cfg.checkpoint`) skips all of this: any Qwen3 / Gemma 3 checkpoint can be the teacher.
+
+`evaluate(model_dir, tasks, setting)` plays tasks with batched LM rollouts
+(`harnax.train.rollouts`) under one harness setting of docs/text_eval.md and returns the
+per-episode traces the HAD metrics read (`harnax.studies.text_metrics`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+from harnax import models
+from harnax import train as train_lib
+from harnax.envs.text import HarnessConfig
+from harnax.envs.text import HarnessedGame
+from harnax.envs.text import alfworld
+from harnax.envs.text import experts
+from harnax.envs.text.base import GameTask
+from harnax.models import tokenizer as tokenizer_lib
+from harnax.policies import text_agent
+from harnax.studies import base_model
+from harnax.studies import text_metrics
+from harnax.train import rollouts
+
+Log = Callable[[str], None]
+MANIFEST = "manifest.json"
+FORMAT = "harnax-text-agent/1"
+
+# The evaluation settings of the HAD paper (docs/text_eval.md): which components are on.
+SETTINGS = {
+    "with_harness": (True, True),
+    "harness_removed": (False, False),
+    "state_tracking_hidden": (False, True),
+    "action_monitoring_hidden": (True, False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessedAlfWorld:
+  """Picklable ``GameTask -> HarnessedGame`` for rollouts (worker processes build games)."""
+
+  state_tracking: bool = True
+  action_monitoring: bool = True
+  max_steps: int = 50
+
+  def __call__(self, task: GameTask) -> HarnessedGame:
+    config = HarnessConfig(state_tracking=self.state_tracking,
+                           action_monitoring=self.action_monitoring, max_turns=self.max_steps)
+    return HarnessedGame(alfworld.make(task, max_steps=self.max_steps), config)
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowContext:
+  """Picklable renderer: the harnessed game's own context with the last ``window`` turns."""
+
+  window: int = 2
+
+  def __call__(self, game, history) -> str:
+    context = game.context(window=self.window)
+    if history.steps and history.steps[-1].action is None:
+      # An output without an action never reaches the game; say so, or a greedy agent would
+      # see the same context, write the same output and never leave.
+      context += rollouts.PARSE_ERROR_OBSERVATION + "\n"
+    return context
+
+
+def check_config(cfg) -> None:
+  """Raises ValueError naming the first config field out of range."""
+  for field in ("per_type", "max_steps", "window"):
+    value = cfg[field]
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if field == "window"
+                                                                          else 1):
+      raise ValueError(f"{field}: expected a positive int, got {value!r}")
+  bad = [t for t in cfg.task_types if t not in alfworld.TASK_TYPES]
+  if bad or not cfg.task_types:
+    raise ValueError(f"task_types: expected a non-empty subset of {alfworld.TASK_TYPES}, got "
+                     f"{tuple(cfg.task_types)!r}")
+
+
+def walkthroughs(tasks, *, window: int, max_steps: int) -> tuple[list[dict], dict]:
+  """The expert's turns on `tasks`, through the full harness.
+
+  Returns:
+    (examples, summary): one ``{"task", "context", "output", "action"}`` per turn; the summary
+    counts episodes, wins and turns.
+  """
+  examples, wins, turns = [], 0, 0
+  for task in tasks:
+    game = HarnessedAlfWorld(max_steps=max_steps)(task)
+    _, info = game.reset()
+    goal = experts.parse_alfworld_goal(info["goal"])
+    for _ in range(max_steps):
+      step = experts.alfworld_step(goal, game.record, info["admissible"])
+      examples.append({"task": task.ident, "context": game.context(window=window),
+                       "output": text_agent.format_output(step.thought, step.action),
+                       "action": step.action})
+      _, _, terminated, truncated, info = game.step(step.action)
+      if terminated or truncated:
+        break
+    wins += bool(info.get("won"))
+    turns += len(game.turns)
+    game.close()
+  return examples, {"episodes": len(tasks), "won": wins, "turns": turns}
+
+
+def config_dict(cfg) -> dict:
+  return json.loads(cfg.to_json())
+
+
+def is_built(directory: str, cfg) -> bool:
+  try:
+    with open(os.path.join(directory, MANIFEST)) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return manifest.get("format") == FORMAT and manifest.get("config") == config_dict(cfg)
+
+
+def build_agent(cfg, directory: str, *, log: Log | None = None) -> str:
+  """Builds (or reuses) the agent of `cfg` in `directory` (see the module docstring).
+
+  The directory appears atomically (built beside it, renamed into place); one that holds a
+  build of an identical config is reused; anything else there is an error.
+  """
+  check_config(cfg)
+  say = log or (lambda line: None)
+  directory = os.path.abspath(directory)
+  if is_built(directory, cfg):
+    say(f"text agent: reusing {directory} (identical config)")
+    return directory
+  if os.path.exists(directory) and os.listdir(directory) and not os.path.exists(
+      os.path.join(directory, MANIFEST)):
+    raise ValueError(f"directory: {directory} exists and is not a text-agent directory (no "
+                     f"{MANIFEST}); refusing to replace it")
+  parent = os.path.dirname(directory)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.build-", dir=parent)
+  try:
+    summary = _build(cfg, tmp, say)
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+      json.dump({"format": FORMAT, "config": config_dict(cfg), **summary}, f, indent=2,
+                sort_keys=True)
+    if os.path.exists(directory):
+      shutil.rmtree(directory)
+    os.rename(tmp, directory)
+  finally:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp, ignore_errors=True)
+  say(f"text agent: wrote {directory} in {summary['seconds']:.1f} s")
+  return directory
+
+
+def train_tasks(cfg) -> list[GameTask]:
+  return alfworld.tasks("seen", per_type=int(cfg.per_type), task_types=tuple(cfg.task_types),
+                        seed=int(cfg.task_seed))
+
+
+def _build(cfg, path: str, say: Log) -> dict:
+  t0 = time.time()
+  tasks = train_tasks(cfg)
+  examples, walk = walkthroughs(tasks, window=int(cfg.window), max_steps=int(cfg.max_steps))
+  say(f"text agent: {len(examples)} expert turns from {walk['episodes']} seen tasks "
+      f"({walk['won']} won, {time.time() - t0:.1f} s)")
+  texts = [e["context"] for e in examples] + [e["output"] for e in examples]
+  texts.append(text_agent.SYSTEM_PROMPT)
+  tok = tokenizer_lib.train_tokenizer(texts, path, vocab_size=int(cfg.tokenizer.vocab_size),
+                                      min_frequency=int(cfg.tokenizer.min_frequency))
+  prompts = [text_agent.format_prompt(tok, e["context"]) for e in examples]
+  data = train_lib.encode_examples(tok, prompts, [e["output"] for e in examples])
+  model_cfg = base_model.model_config(cfg, tok)
+  if data.ids.shape[1] > model_cfg.max_position_embeddings:
+    raise ValueError(f"model.max_position_embeddings: {model_cfg.max_position_embeddings} is "
+                     f"shorter than the longest example ({data.ids.shape[1]} tokens)")
+  model = base_model.init_model(model_cfg, seed=int(cfg.seed), init_std=float(cfg.model.init_std))
+  say(f"text agent: {models.param_count(model)} parameters, {data.num_examples} examples of at "
+      f"most {data.ids.shape[1]} tokens, vocabulary {tok.vocab_size}")
+  s = cfg.sft
+  t_sft = time.time()
+  result = train_lib.train_sft(
+      model, data, num_steps=int(s.num_steps), batch_size=int(s.batch_size),
+      learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
+      weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed), log=say,
+      log_every=max(1, int(s.num_steps) // 5))
+  models.save_pretrained(result.model, path)
+  tail = result.losses[-max(1, len(result.losses) // 10):]
+  return {"walkthroughs": walk, "train_tasks": [t.ident for t in tasks],
+          "model": {"num_params": int(models.param_count(result.model)),
+                    "vocab_size": model_cfg.vocab_size},
+          "training": {"num_examples": data.num_examples, "max_length": int(data.ids.shape[1]),
+                       "num_steps": int(s.num_steps), "initial_loss": float(result.losses[0]),
+                       "final_loss": float(np.mean(tail)), "seconds": time.time() - t_sft},
+          "seconds": time.time() - t0}
+
+
+def load_agent(directory: str):
+  """(model, tokenizer) of an agent directory (ours or any HF checkpoint directory)."""
+  return models.load_pretrained(directory), tokenizer_lib.Tokenizer.from_dir(directory)
+
+
+def traces_from_log(records) -> list[text_metrics.EpisodeTrace]:
+  """Per-episode harness traces from a rollout log (`rollouts.read_log`). A turn without a
+  parsable action counts as an action the monitor would not accept."""
+  out = []
+  for _, recs in sorted(rollouts.episodes(records).items()):
+    turns = [r for r in recs if r.get("kind") == "turn"]
+    verdicts = [r.get("harness") or {} for r in turns]
+    won = any(r.get("won") for r in turns)
+    out.append(text_metrics.EpisodeTrace(
+        won=bool(won),
+        accepted=np.array([bool(v.get("accepted", False)) for v in verdicts], bool),
+        consistent=np.array([bool(v.get("consistent", True)) for v in verdicts], bool),
+        stalled=np.array([bool(v.get("stalled", False)) for v in verdicts], bool)))
+  return out
+
+
+def evaluate(model, tokenizer, tasks, setting: str, *, window: int, max_steps: int,
+             batch_size: int = 8, max_new_tokens: int = 64, workers: int = 0,
+             log_path: str | None = None) -> tuple[list[text_metrics.EpisodeTrace], dict]:
+  """Plays `tasks` greedily under one setting of :data:`SETTINGS`; returns (traces, stats)."""
+  if setting not in SETTINGS:
+    raise ValueError(f"setting: expected one of {tuple(SETTINGS)}, got {setting!r}")
+  st, am = SETTINGS[setting]
+  generator = rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens)
+  own_log = log_path is None
+  if own_log:
+    handle, log_path = tempfile.mkstemp(suffix=".jsonl")
+    os.close(handle)
+  try:
+    result = rollouts.rollout(
+        tasks, HarnessedAlfWorld(st, am, max_steps), generator, render=WindowContext(window),
+        batch_size=batch_size, max_turns=max_steps, workers=workers, log_path=log_path,
+        meta={"setting": setting})
+    traces = traces_from_log(rollouts.read_log(log_path))
+  finally:
+    if own_log:
+      os.remove(log_path)
+  stats = {"turns": result.turns, "seconds": result.seconds,
+           "tokens_per_second": result.tokens_per_second,
+           "parse_failures": sum(e.parse_failures for e in result.episodes)}
+  return traces, stats
+
+
+def random_agent(tasks, *, max_steps: int, seed: int = 0) -> list[text_metrics.EpisodeTrace]:
+  """The random baseline: a uniformly drawn admissible command each turn, through the harness."""
+  rng = random.Random(seed)
+  out = []
+  for task in tasks:
+    game = HarnessedAlfWorld(max_steps=max_steps)(task)
+    _, info = game.reset()
+    for _ in range(max_steps):
+      _, _, terminated, truncated, info = game.step(rng.choice(sorted(info["admissible"])))
+      if terminated or truncated:
+        break
+    out.append(text_metrics.EpisodeTrace(
+        won=bool(info.get("won")), accepted=np.array([t.accepted for t in game.turns], bool),
+        consistent=np.array([t.consistent for t in game.turns], bool),
+        stalled=np.array([t.stalled for t in game.turns], bool)))
+    game.close()
+  return out
+
+
+# -- the evaluation study (scripts/text_agents.py) -------------------------------------------
+
+
+def eval_tasks(cfg) -> dict[str, list[GameTask]]:
+  """Seen and unseen evaluation tasks (seen: other instances than the training ones)."""
+  return {split: alfworld.tasks(split, per_type=int(cfg.eval.per_type),
+                                task_types=tuple(cfg.task_types), seed=int(cfg.eval.task_seed))
+          for split in ("seen", "unseen")}
+
+
+def run(cfg, *, log: Log | None = None) -> dict:
+  """Builds (or loads) the agent, then evaluates it and the random baseline under every setting
+  on seen and unseen tasks. Returns ``{"agent": {setting: {split: traces}}, "random": {split:
+  traces}, "stats": ..., "agent_dir": ...}``."""
+  say = log or (lambda line: None)
+  directory = cfg.checkpoint or build_agent(cfg, cfg.agent_dir, log=say)
+  model, tok = load_agent(directory)
+  tasks = eval_tasks(cfg)
+  agent, stats = {}, {}
+  for setting in cfg.eval.settings:
+    agent[setting] = {}
+    for split, ts in tasks.items():
+      traces, st = evaluate(model, tok, ts, setting, window=int(cfg.window),
+                            max_steps=int(cfg.eval.max_steps), batch_size=int(cfg.eval.batch_size),
+                            max_new_tokens=int(cfg.eval.max_new_tokens))
+      agent[setting][split], stats[f"{setting}/{split}"] = traces, st
+      say(f"text agents: {setting} {split}: success "
+          f"{text_metrics.success(traces)} ({st['seconds']:.0f} s)")
+  rnd = {split: random_agent(ts, max_steps=int(cfg.eval.max_steps), seed=int(cfg.seed))
+         for split, ts in tasks.items()}
+  return {"agent": agent, "random": rnd, "stats": stats, "agent_dir": directory}
+
+
+def _cell(rate: text_metrics.Rate) -> str:
+  return "n/a" if not rate.trials else f"{100 * rate.value:.1f} ({rate.successes}/{rate.trials})"
+
+
+def render(cfg, result: dict) -> str:
+  """The report: the HAD paper's tables' shape (docs/text_eval.md)."""
+  from harnax.studies.results import markdown_table
+
+  agent, rnd = result["agent"], result["random"]
+  lines = ["# Text agents on ALFWorld", "",
+           f"Agent: `{os.path.basename(result['agent_dir'])}`; {len(next(iter(rnd.values())))} "
+           f"tasks per split ({', '.join(cfg.task_types)}), at most {cfg.eval.max_steps} turns, "
+           f"greedy decoding, context window {cfg.window} turns.", "",
+           "## Success (%) by harness setting", ""]
+  header = ["agent"] + [f"{s} / {split}" for s in agent for split in ("seen", "unseen")]
+  rows = [["LM agent"] + [_cell(text_metrics.success(agent[s][split]))
+                          for s in agent for split in ("seen", "unseen")]]
+  rows.append(["random admissible"] + [
+      _cell(text_metrics.success(rnd[split])) if s == "with_harness" else "-"
+      for s in agent for split in ("seen", "unseen")])
+  lines += [markdown_table(header, rows), "", "## How the agent acts through the harness", ""]
+  header = ["agent", "setting", "harness utilization", "stall prevention",
+            "stall escape (5 turns)"]
+  rows = []
+  for name, by_setting in (("LM agent", agent), ("random admissible", {"with_harness": rnd})):
+    for s, splits in by_setting.items():
+      traces = [t for split in ("seen", "unseen") for t in splits[split]]
+      m = text_metrics.summarize(traces)
+      rows.append([name, s, _cell(m["harness_utilization"]), _cell(m["stall_prevention"]),
+                   _cell(m["stall_escape"])])
+  lines += [markdown_table(header, rows), ""]
+  return "\n".join(lines)
+
+
+def metrics(result: dict) -> dict:
+  out = {"agent_dir": result["agent_dir"], "stats": result["stats"]}
+  for name, by_setting in (("agent", result["agent"]),
+                           ("random", {"with_harness": result["random"]})):
+    for s, splits in by_setting.items():
+      for split, traces in splits.items():
+        out[f"{name}/{s}/{split}"] = {k: {"successes": v.successes, "trials": v.trials}
+                                      for k, v in text_metrics.summarize(traces).items()}
+  return out

@@ -1,0 +1,118 @@
+"""The text-agent pipeline (harnax.studies.text_agents) end to end at micro scale: expert
+walkthroughs through the harness, a locally trained tokenizer and Qwen3, batched evaluation
+under the HAD settings, the random baseline and the report."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from configs import text_agents as config_lib
+from harnax.envs.text import alfworld
+from harnax.studies import text_agents
+from harnax.studies import text_metrics
+from harnax.train import rollouts
+
+pytestmark = pytest.mark.slow
+
+
+def _micro():
+  cfg = config_lib.get_config("micro")
+  cfg.per_type = 2
+  cfg.sft.num_steps = 30
+  cfg.eval.per_type = 1
+  cfg.eval.max_steps = 6
+  cfg.eval.settings = ("with_harness", "harness_removed")
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+  cfg = _micro()
+  root = tmp_path_factory.mktemp("text_agents")
+  cfg.agent_dir = str(root / "agent")
+  cfg.output_dir = str(root / "out")
+  lines = []
+  directory = text_agents.build_agent(cfg, cfg.agent_dir, log=lines.append)
+  return cfg, directory, lines
+
+
+def test_build_writes_a_model_directory_and_reuses_it(built):
+  cfg, directory, _ = built
+  with open(os.path.join(directory, "manifest.json")) as f:
+    manifest = json.load(f)
+  walk = manifest["walkthroughs"]
+  # The expert wins its training tasks from observations alone, and every turn is an example.
+  assert walk["won"] == walk["episodes"] == 2
+  assert manifest["training"]["num_examples"] == walk["turns"]
+  assert manifest["training"]["final_loss"] < manifest["training"]["initial_loss"]
+  assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(directory))
+  stamp = os.path.getmtime(os.path.join(directory, "model.safetensors"))
+  lines = []
+  assert text_agents.build_agent(cfg, directory, log=lines.append) == directory
+  assert "reusing" in lines[0]
+  assert os.path.getmtime(os.path.join(directory, "model.safetensors")) == stamp
+
+
+def test_walkthrough_examples_are_the_expert_turns_in_the_agent_format():
+  tasks = alfworld.tasks("seen", per_type=1, task_types=("pick_and_place_simple",))
+  examples, summary = text_agents.walkthroughs(tasks, window=1, max_steps=50)
+  assert summary["won"] == 1 and len(examples) == summary["turns"]
+  for e in examples:
+    assert e["output"].startswith("Think: ") and e["output"].endswith("Action: " + e["action"])
+    assert "<harness_state>" in e["context"]
+  # The last action is the placement that won.
+  assert examples[-1]["action"].startswith(("move ", "put "))
+
+
+def test_evaluate_traces_match_the_rollout_log(built, tmp_path):
+  cfg, directory, _ = built
+  model, tok = text_agents.load_agent(directory)
+  tasks = alfworld.tasks("seen", per_type=1, task_types=tuple(cfg.task_types), seed=1)
+  for setting in ("with_harness", "harness_removed"):
+    log = str(tmp_path / f"{setting}.jsonl")
+    traces, stats = text_agents.evaluate(model, tok, tasks, setting, window=cfg.window,
+                                         max_steps=cfg.eval.max_steps, log_path=log)
+    records = rollouts.read_log(log)
+    summaries = [r for r in records if r.get("kind") == "episode"]
+    assert [t.turns for t in traces] == [s["turns"] for s in summaries]
+    assert [t.won for t in traces] == [s["won"] for s in summaries]
+    assert stats["turns"] == sum(t.turns for t in traces)
+    contexts = [r["context"] for r in records if r.get("kind") == "turn"]
+    shows_harness = any("<harness_" in c for c in contexts)
+    assert shows_harness == (setting == "with_harness")
+
+
+def test_random_agent_and_report(built):
+  cfg, directory, _ = built
+  tasks = alfworld.tasks("seen", per_type=1, task_types=tuple(cfg.task_types))
+  traces = text_agents.random_agent(tasks, max_steps=5, seed=0)
+  # Random admissible commands are always accepted by the monitor.
+  assert all(t.accepted.all() for t in traces)
+  cfg.checkpoint = directory
+  result = text_agents.run(cfg)
+  text = text_agents.render(cfg, result)
+  assert "## Success (%) by harness setting" in text and "random admissible" in text
+  m = text_agents.metrics(result)
+  assert m["agent/with_harness/seen"]["success"]["trials"] == len(tasks)
+  assert isinstance(text_metrics.success(result["random"]["seen"]).value, float)
+  assert np.isfinite(text_metrics.harness_utilization(result["random"]["seen"]).value)
+
+
+def test_bad_inputs(tmp_path):
+  cfg = _micro()
+  cfg.task_types = ("fly_to_the_moon",)
+  with pytest.raises(ValueError, match="task_types"):
+    text_agents.check_config(cfg)
+  cfg = _micro()
+  cfg.per_type = 0
+  with pytest.raises(ValueError, match="per_type"):
+    text_agents.check_config(cfg)
+  foreign = tmp_path / "foreign"
+  foreign.mkdir()
+  (foreign / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match="not a text-agent directory"):
+    text_agents.build_agent(_micro(), str(foreign))
+  with pytest.raises(ValueError, match="setting"):
+    text_agents.evaluate(None, None, [], "no_such_setting", window=1, max_steps=1)
