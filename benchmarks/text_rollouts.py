@@ -23,7 +23,7 @@ and `torch.set_num_threads` then both have one thread):
 Usage::
 
   python benchmarks/text_rollouts.py                       # full run
-  python benchmarks/text_rollouts.py --quick --out /tmp/x.md   # smoke test
+  python benchmarks/text_rollouts.py --quick --out results/tr.md   # smoke test
 """
 
 from __future__ import annotations
