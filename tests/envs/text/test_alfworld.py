@@ -305,3 +305,23 @@ def test_bad_game_files_raise_game_load_error(tmp_path):
     "(:init", "(:init (", 1)}))
   with pytest.raises(GameLoadError, match="engine rejected"):
     alfworld.load_game_file(broken)
+
+
+@pytest.mark.slow
+def test_expert_plan_is_as_short_as_textworlds_own_plan():
+  textworld = pytest.importorskip("textworld")
+  from textworld.envs.pddl import PddlEnv
+
+  # A bathroom (few openable receptacles): TextWorld's planner on the whole room stays quick.
+  task = _task("pick_clean_then_place_in_recep", "unseen", 1)
+  assert int(task.params[0].removeprefix("FloorPlan")) in constants.SCENE_TYPE["Bathroom"]
+  ref = PddlEnv(textworld.EnvInfos(policy_commands=True, won=True))
+  ref.load(alfworld.problem(task).game_data())
+  reference = ref.reset()["policy_commands"]
+  game = alfworld.make(task)
+  try:
+    game.reset()
+    plan = game.expert_plan()
+    assert reference and len(plan) == len(reference)
+  finally:
+    game.close()

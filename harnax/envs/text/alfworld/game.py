@@ -28,6 +28,8 @@ from harnax.envs.text.base import GameLoadError
 from harnax.envs.text.base import GameTask
 
 GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
+# Receptacle types the domain's clean / heat / cool actions need.
+_APPLIANCES = frozenset({"sinkbasintype", "microwavetype", "fridgetype"})
 _INTRO_TASK = re.compile(r"Your task is to: (.*?)\.?\s*$", re.S)
 
 
@@ -285,13 +287,16 @@ class AlfWorldGame:
   def expert_plan(self) -> list[str]:
     """The planner's plan from the current state, as commands the game accepts ([] if won).
 
-    Fast Downward plans on the goal-relevant part of the current state: every fact of the
-    state except those of objects that are neither of a class the goal names nor held. The
-    other objects are inert in ALFWorld's domain (no receptacle fills up, nothing blocks an
-    action), so a plan for the relevant part is a plan for the whole state, and an optimal
-    one stays optimal (moving an inert object only adds steps). The planner's own search is
-    uniform-cost, whose cost grows steeply with the number of movable objects; this keeps a
-    plan to under a second where planning on the whole room takes up to minutes.
+    Fast Downward plans on the goal-relevant part of the current state: the facts of the
+    objects of the classes the goal names and of the held object, of the receptacles that hold
+    them, of the receptacles of the classes the goal names, and of the sink basins, microwaves
+    and fridges (the clean / heat / cool actions), and every fact about locations, types and
+    the agent. Everything else is inert in ALFWorld's domain (no receptacle fills up, nothing
+    blocks an action), so a plan for the relevant part is a plan for the whole state; for the
+    six task types an optimal one stays optimal, as moving other objects or parking a goal
+    object elsewhere only adds steps. The planner's own search is uniform-cost, exponential in
+    the number of objects and of openable receptacles; planning on the whole room takes up to
+    minutes where the relevant part takes well under a second.
 
     Raises:
       RuntimeError: before reset or after close.
@@ -313,15 +318,44 @@ class AlfWorldGame:
     return list(state.plan_to_templated_actions([op.name for op in ops],
                                                 self._env._entity_infos))
 
+  @staticmethod
+  def _goal_receptacles(facts, goal_types, keep) -> set:
+    """The receptacles of the goal's classes an optimal plan may need.
+
+    Every "go to" costs the same, so a goal receptacle at a location the plan visits anyway
+    (the agent's, those of the kept objects and appliances) can save a step and is kept; of
+    the others, any closed openable one costs the same as any other, and so does any open or
+    not openable one: one representative of each kind is enough.
+    """
+    where = {f.arguments[0].name: f.arguments[1].name for f in facts
+             if f.name == "receptacleatlocation"}
+    visited = {f.arguments[1].name for f in facts if f.name == "atlocation"}
+    visited |= {where[r] for r in keep if r in where}
+    openable = {f.arguments[0].name for f in facts if f.name == "openable"}
+    opened = {f.arguments[0].name for f in facts if f.name == "opened"}
+    out, kinds = set(), set()
+    for r in sorted(f.arguments[0].name for f in facts
+                    if f.name == "receptacletype" and f.arguments[1].name in goal_types):
+      kind = r in openable and r not in opened
+      if where.get(r) in visited or kind not in kinds:
+        out.add(r)
+        kinds.add(kind)
+    return out
+
   def _planning_problem(self, state) -> str:
     """The goal-relevant part of `state` as a PDDL problem (see :meth:`expert_plan`)."""
     facts = [f for f in state.facts if not f.name.startswith(("new-axiom", "not_"))]
     goal_types = set(re.findall(r"\b([a-z0-9]+type)\b", self._goal_pddl.lower()))
-    objects = {n for n, t in state.name2type.items() if t == "object"}
+    kinds = state.name2type
     keep = {f.arguments[0].name for f in facts
             if f.name == "objecttype" and f.arguments[1].name in goal_types}
     keep |= {f.arguments[1].name for f in facts if f.name == "holds"}
-    drop = objects - keep
+    keep |= {f.arguments[0].name for f in facts
+             if f.name == "receptacletype" and f.arguments[1].name in _APPLIANCES}
+    keep |= {f.arguments[1].name for f in facts
+             if f.name == "inreceptacle" and f.arguments[0].name in keep}
+    keep |= self._goal_receptacles(facts, goal_types, keep)
+    drop = {n for n, t in kinds.items() if t in ("object", "receptacle")} - keep
     decl = [f"{n} - {t}" for n, t in sorted(state.name2type.items()) if n not in drop]
     init = sorted(f"({f.name} {' '.join(v.name for v in f.arguments)})" for f in facts
                   if not any(v.name in drop for v in f.arguments))
