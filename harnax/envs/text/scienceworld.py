@@ -4,9 +4,12 @@ ScienceWorld's simulator is a Scala program; the `scienceworld` package starts i
 and talks to it through py4j. :class:`ScienceWorldGame` owns one JVM, started with a capped heap
 (:data:`DEFAULT_HEAP_MB`), and calls the simulator's interface directly: the package's own
 ``ScienceWorldEnv.step`` asks the JVM for the look-around text, the inventory, the task text and
-the whole valid-action list after every action, five extra round trips of which the action list
-is the costly one (docs/text_games.md has the measured times). Here a step asks only for what it
-reports: the valid actions only where the game was made with ``admissible=True``.
+the whole valid-action list after every action; the action list is the costly one (about 55 ms
+of a 60 ms step; docs/text_games.md has the measured times). Here a step asks only for what it
+reports: the valid actions only where the game was made with ``admissible=True`` (about 8 ms a
+step without them). A reset reloads the task (~70 ms; the simulator's own reset takes ~250 ms),
+and the gold path is generated only when :meth:`ScienceWorldGame.expert_plan` asks for it
+(~0.5 s, once per task and process).
 
 One game object plays many tasks in its one JVM: ``reset(options={"task": other})`` loads another
 task (rollout workers keep a game per worker and feed it tasks).
@@ -45,18 +48,18 @@ __all__ = [
 
 GAME = "scienceworld"
 
-# Tasks whose gold paths are short, measured over every train and test variation with the
-# "easy" simplifications (min / median / max actions; docs/text_games.md has the table).
+# Tasks whose gold paths are short: the range of their lengths over every train and test
+# variation with the "easy" simplifications (docs/text_games.md has the table).
 TASK_NAMES = (
-  "find-living-thing",          # 6 / 12 / 16
-  "find-non-living-thing",      # 3 / 7 / 11
-  "find-plant",                 # 8 / 12 / 16
-  "find-animal",                # 6 / 12 / 16
-  "lifespan-longest-lived",     # 2 / 6 / 8
-  "lifespan-shortest-lived",    # 2 / 6 / 8
-  "lifespan-longest-lived-then-shortest-lived",  # 3 / 7 / 9
-  "power-component",            # 9 / 13 / 15
-  "identify-life-stages-2",     # 10 / 15 / 17
+  "find-living-thing",          # 6-16 actions
+  "find-non-living-thing",      # 3-11
+  "find-plant",                 # 8-16
+  "find-animal",                # 6-16
+  "lifespan-longest-lived",     # 2-8
+  "lifespan-shortest-lived",    # 2-8
+  "lifespan-longest-lived-then-shortest-lived",  # 3-9
+  "power-component",            # 9-15
+  "identify-life-stages-2",     # 10-17
 )
 
 # All 30 ScienceWorld tasks (make() accepts any of them; their gold paths run to ~190 actions).
