@@ -38,6 +38,7 @@ def game():
       pytest.fail(f"CI=true requires java: {e}")
     pytest.skip("no java: ScienceWorld tests skip (`make java` installs one)")
   g = sw.make(_task(sw.TASK_NAMES[0], 0))
+  assert isinstance(g, base.TextGame)
   yield g
   proc = g._jvm.proc
   g.close()
