@@ -1,29 +1,37 @@
-"""Config of harnax.studies.text_agents: a teacher (default) or student agent for ALFWorld,
-trained locally by SFT on walkthroughs of the record-based expert through the harness.
+"""Config of harnax.studies.text_agents: a teacher (default) or student agent for ALFWorld
+(or ScienceWorld), trained locally by SFT on expert walkthroughs through the harness.
 
   from harnax.studies import text_agents
   text_agents.build_agent(get_config(), "results/text_teacher")
 
 Variants: "teacher" (default), "student" (a smaller model on the same data), "micro" (a tiny
-build for tests).
+build for tests); append ",scienceworld" for ScienceWorld (`--config=configs/text_agents.py:
+teacher,scienceworld`): its short-gold-path tasks, gold paths as walkthroughs.
 """
 
 import ml_collections
 
 from harnax.envs.text import alfworld
+from harnax.envs.text import scienceworld
 
 
 def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
+  variant, _, game = variant.partition(",")
+  game = game or "alfworld"
+  if game not in ("alfworld", "scienceworld"):
+    raise ValueError(f"variant: the game after the comma must be alfworld or scienceworld, got "
+                     f"{game!r}")
   config = ml_collections.ConfigDict()
-  config.task_types = alfworld.TASK_TYPES
+  config.game = game
+  config.task_types = alfworld.TASK_TYPES if game == "alfworld" else scienceworld.TASK_NAMES
   config.per_type = 12          # seen tasks per type whose walkthroughs are the training data
   config.task_seed = 0          # alfworld.tasks(..., seed=)
   config.max_steps = 50         # ALFWorld's usual step limit
   config.window = 2             # recent turns shown in the context (the record keeps the rest)
   config.seed = 0
-  config.agent_dir = "results/text_agents/teacher"   # where build_agent writes the model
+  config.agent_dir = f"results/text_agents/{game}-teacher"   # where build_agent writes it
   config.checkpoint = None      # an existing HF model directory to evaluate instead (no build)
-  config.output_dir = "results/text_agents"
+  config.output_dir = f"results/text_agents/{game}"
 
   config.tokenizer = ml_collections.ConfigDict()
   config.tokenizer.vocab_size = 1024
@@ -61,15 +69,16 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
                           "action_monitoring_hidden")
 
   if variant == "student":
-    config.agent_dir = "results/text_agents/student"
+    config.agent_dir = f"results/text_agents/{game}-student"
     config.model.hidden_size = 64
     config.model.num_layers = 2
     config.model.head_dim = 16
     config.model.intermediate_size = 192
     config.model.init_std = 0.12
   elif variant == "micro":
-    config.agent_dir = "results/text_agents/micro"
-    config.task_types = ("pick_and_place_simple",)
+    config.agent_dir = f"results/text_agents/{game}-micro"
+    config.task_types = (("pick_and_place_simple",) if game == "alfworld"
+                         else ("lifespan-longest-lived",))
     config.per_type = 6
     config.window = 1
     config.tokenizer.vocab_size = 768

@@ -38,6 +38,7 @@ from harnax.envs.text import HarnessConfig
 from harnax.envs.text import HarnessedGame
 from harnax.envs.text import alfworld
 from harnax.envs.text import experts
+from harnax.envs.text import scienceworld
 from harnax.envs.text.base import GameTask
 from harnax.models import tokenizer as tokenizer_lib
 from harnax.policies import text_agent
@@ -58,18 +59,34 @@ SETTINGS = {
 }
 
 
+GAMES = {"alfworld": alfworld, "scienceworld": scienceworld}
+
+
 @dataclasses.dataclass(frozen=True)
-class HarnessedAlfWorld:
-  """Picklable ``GameTask -> HarnessedGame`` for rollouts (worker processes build games)."""
+class HarnessedGameMaker:
+  """Picklable ``GameTask -> HarnessedGame`` for rollouts (worker processes build games).
+
+  ALFWorld games list their admissible commands (the monitor's authority). ScienceWorld's
+  list is incomplete and costs a JVM round trip per step (docs/text_games.md), but without it
+  the monitor knows only the words the agent has read and rejects valid commands (a door in
+  a room not yet looked at), so it is on by default.
+  """
 
   state_tracking: bool = True
   action_monitoring: bool = True
   max_steps: int = 50
+  admissible: bool = True
 
   def __call__(self, task: GameTask) -> HarnessedGame:
     config = HarnessConfig(state_tracking=self.state_tracking,
                            action_monitoring=self.action_monitoring, max_turns=self.max_steps)
-    return HarnessedGame(alfworld.make(task, max_steps=self.max_steps), config)
+    if task.game == "alfworld":
+      env = alfworld.make(task, max_steps=self.max_steps)
+    elif task.game == "scienceworld":
+      env = scienceworld.make(task, max_steps=self.max_steps, admissible=self.admissible)
+    else:
+      raise ValueError(f"task.game: expected one of {tuple(GAMES)}, got {task.game!r}")
+    return HarnessedGame(env, config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,17 +104,49 @@ class WindowContext:
     return context
 
 
+def _known_types(game: str) -> tuple[str, ...]:
+  return alfworld.TASK_TYPES if game == "alfworld" else scienceworld.ALL_TASK_NAMES
+
+
 def check_config(cfg) -> None:
   """Raises ValueError naming the first config field out of range."""
+  if cfg.game not in GAMES:
+    raise ValueError(f"game: expected one of {tuple(GAMES)}, got {cfg.game!r}")
   for field in ("per_type", "max_steps", "window"):
     value = cfg[field]
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if field == "window"
                                                                           else 1):
       raise ValueError(f"{field}: expected a positive int, got {value!r}")
-  bad = [t for t in cfg.task_types if t not in alfworld.TASK_TYPES]
+  known = _known_types(cfg.game)
+  bad = [t for t in cfg.task_types if t not in known]
   if bad or not cfg.task_types:
-    raise ValueError(f"task_types: expected a non-empty subset of {alfworld.TASK_TYPES}, got "
-                     f"{tuple(cfg.task_types)!r}")
+    raise ValueError(f"task_types: expected a non-empty subset of {cfg.game}'s task types "
+                     f"{known}, got {tuple(cfg.task_types)!r}")
+
+
+def game_tasks(game: str, split: str, *, per_type: int, task_types, seed: int
+               ) -> list[GameTask]:
+  """`per_type` instances of each task type of `game` in `split` (deterministic per seed)."""
+  if game == "alfworld":
+    return alfworld.tasks(split, per_type=per_type, task_types=tuple(task_types), seed=seed)
+  return scienceworld.tasks(split, task_names=tuple(task_types), per_task=per_type, seed=seed)
+
+
+def _expert(game: HarnessedGame, info: dict):
+  """The expert's next-step function for one episode: ALFWorld's record-based expert, or
+  ScienceWorld's gold path without the steps the harness would reject (no-ops such as opening
+  an open door: the game ignores them too)."""
+  if game.task.game == "alfworld":
+    goal = experts.parse_alfworld_goal(info["goal"])
+    return lambda info: experts.alfworld_step(goal, game.record, info["admissible"])
+  plan = list(game.expert_plan())
+
+  def next_step(info):
+    while plan and not game.harness.check(plan[0]).accepted:
+      plan.pop(0)
+    action = plan.pop(0) if plan else "look around"
+    return experts.ExpertStep(action, experts.scienceworld_thought(game.record, action))
+  return next_step
 
 
 def walkthroughs(tasks, *, window: int, max_steps: int) -> tuple[list[dict], dict]:
@@ -109,11 +158,11 @@ def walkthroughs(tasks, *, window: int, max_steps: int) -> tuple[list[dict], dic
   """
   examples, wins, turns = [], 0, 0
   for task in tasks:
-    game = HarnessedAlfWorld(max_steps=max_steps)(task)
+    game = HarnessedGameMaker(max_steps=max_steps)(task)
     _, info = game.reset()
-    goal = experts.parse_alfworld_goal(info["goal"])
+    expert = _expert(game, info)
     for _ in range(max_steps):
-      step = experts.alfworld_step(goal, game.record, info["admissible"])
+      step = expert(info)
       examples.append({"task": task.ident, "context": game.context(window=window),
                        "output": text_agent.format_output(step.thought, step.action),
                        "action": step.action})
@@ -174,8 +223,8 @@ def build_agent(cfg, directory: str, *, log: Log | None = None) -> str:
 
 
 def train_tasks(cfg) -> list[GameTask]:
-  return alfworld.tasks("seen", per_type=int(cfg.per_type), task_types=tuple(cfg.task_types),
-                        seed=int(cfg.task_seed))
+  return game_tasks(cfg.game, "seen", per_type=int(cfg.per_type), task_types=cfg.task_types,
+                    seed=int(cfg.task_seed))
 
 
 def _build(cfg, path: str, say: Log) -> dict:
@@ -250,7 +299,7 @@ def evaluate(model, tokenizer, tasks, setting: str, *, window: int, max_steps: i
     os.close(handle)
   try:
     result = rollouts.rollout(
-        tasks, HarnessedAlfWorld(st, am, max_steps), generator, render=WindowContext(window),
+        tasks, HarnessedGameMaker(st, am, max_steps), generator, render=WindowContext(window),
         batch_size=batch_size, max_turns=max_steps, workers=workers, log_path=log_path,
         meta={"setting": setting})
     traces = traces_from_log(rollouts.read_log(log_path))
@@ -268,7 +317,7 @@ def random_agent(tasks, *, max_steps: int, seed: int = 0) -> list[text_metrics.E
   rng = random.Random(seed)
   out = []
   for task in tasks:
-    game = HarnessedAlfWorld(max_steps=max_steps)(task)
+    game = HarnessedGameMaker(max_steps=max_steps)(task)
     _, info = game.reset()
     for _ in range(max_steps):
       _, _, terminated, truncated, info = game.step(rng.choice(sorted(info["admissible"])))
@@ -287,8 +336,8 @@ def random_agent(tasks, *, max_steps: int, seed: int = 0) -> list[text_metrics.E
 
 def eval_tasks(cfg) -> dict[str, list[GameTask]]:
   """Seen and unseen evaluation tasks (seen: other instances than the training ones)."""
-  return {split: alfworld.tasks(split, per_type=int(cfg.eval.per_type),
-                                task_types=tuple(cfg.task_types), seed=int(cfg.eval.task_seed))
+  return {split: game_tasks(cfg.game, split, per_type=int(cfg.eval.per_type),
+                            task_types=cfg.task_types, seed=int(cfg.eval.task_seed))
           for split in ("seen", "unseen")}
 
 
@@ -324,7 +373,7 @@ def render(cfg, result: dict) -> str:
   from harnax.studies.results import markdown_table
 
   agent, rnd = result["agent"], result["random"]
-  lines = ["# Text agents on ALFWorld", "",
+  lines = [f"# Text agents on {'ALFWorld' if cfg.game == 'alfworld' else 'ScienceWorld'}", "",
            f"Agent: `{os.path.basename(result['agent_dir'])}`; {len(next(iter(rnd.values())))} "
            f"tasks per split ({', '.join(cfg.task_types)}), at most {cfg.eval.max_steps} turns, "
            f"greedy decoding, context window {cfg.window} turns.", "",

@@ -232,3 +232,25 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
     return _go(record, where, f"The record shows {obj} in {where}.")
   want = goal.obj if not placed else f"second {goal.obj}"
   return _explore(record, want, commands)
+
+
+def scienceworld_thought(record: Record, action: str) -> str:
+  """A thought for a ScienceWorld gold-path action, from the record facts it rests on."""
+  from harnax.envs.text import observers  # the action grammars live with the parsers
+
+  here = record.location or "an unknown place"
+  intent = observers.parse_action("scienceworld", action)
+  verb = intent.verb if intent is not None else None
+  if verb == "open_door":
+    return f"I am in the {here}; the door to the {intent.target} is closed, so I open it."
+  if verb == "goto":
+    exits = (record.places.get(record.location).exits or {}) if record.location in record.places \
+        else {}
+    state = exits.get(intent.target)
+    door = f" (the door is {state})" if state else ""
+    return f"I am in the {here}; I go to the {intent.target}{door}."
+  if verb == "focus":
+    return f"I am in the {here}; {intent.obj} is what the task asks for, so I focus on it."
+  if verb == "take":
+    return f"I am in the {here}; I pick up {intent.obj} to carry it."
+  return f"I am in the {here}; next I {action}."
