@@ -57,6 +57,7 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.sft.warmup_steps = 50
   config.sft.weight_decay = 0.0
   config.sft.clip_norm = 1.0
+  config.sft.length_bucket = 64   # batches cut to a multiple of 64 tokens (padding only)
 
   # Evaluation (harnax.studies.text_agents.evaluate).
   config.eval = ml_collections.ConfigDict()

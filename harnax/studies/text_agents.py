@@ -252,7 +252,7 @@ def _build(cfg, path: str, say: Log) -> dict:
       model, data, num_steps=int(s.num_steps), batch_size=int(s.batch_size),
       learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
       weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed), log=say,
-      log_every=max(1, int(s.num_steps) // 5))
+      log_every=max(1, int(s.num_steps) // 5), length_bucket=int(s.length_bucket))
   models.save_pretrained(result.model, path)
   tail = result.losses[-max(1, len(result.losses) // 10):]
   return {"walkthroughs": walk, "train_tasks": [t.ident for t in tasks],

@@ -154,3 +154,22 @@ def test_epochs_and_bad_input():
     train.train_sft(model, data, num_steps=2, batch_size=8, learning_rate=0.0)
   with pytest.raises(ValueError, match="examples"):
     train.train_sft(model, (data.ids,), num_steps=2, batch_size=8, learning_rate=1e-3)
+
+
+def test_length_buckets_cut_only_padding(trained):
+  # Right padding is never attended to by a real token (causal mask) and never counted by the
+  # loss, so training on batches cut to a bucket of their longest row gives the same run.
+  data, model, _, result = trained
+  padded = data._replace(ids=np.pad(data.ids, ((0, 0), (0, 9))),
+                         attention_mask=np.pad(data.attention_mask, ((0, 0), (0, 9))),
+                         loss_mask=np.pad(data.loss_mask, ((0, 0), (0, 9))))
+  cut = train.train_sft(model, padded, num_steps=80, batch_size=8, learning_rate=1e-2,
+                        warmup_steps=5, seed=1, length_bucket=4)
+  np.testing.assert_allclose(cut.losses, result.losses, rtol=2e-5, atol=2e-6)
+  with pytest.raises(ValueError, match="length_bucket"):
+    train.train_sft(model, data, num_steps=1, batch_size=8, learning_rate=1e-2, length_bucket=0)
+  mask = np.array(data.attention_mask)
+  mask[0, 0] = False                                                 # a left-padded row
+  left = data._replace(attention_mask=mask)
+  with pytest.raises(ValueError, match="right-padded"):
+    train.train_sft(model, left, num_steps=1, batch_size=8, learning_rate=1e-2, length_bucket=4)
