@@ -8,7 +8,7 @@ PIP     = $(PY) -m pip
 # pytest-xdist workers: 2, the core count of CI; `make test WORKERS=8` on a bigger machine.
 WORKERS ?= 2
 
-.PHONY: demo test lint bench study estimators proxy clean browser java
+.PHONY: demo test lint bench study estimators proxy text-agents clean browser java
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,12 @@ estimators: $(VENV)/.test-installed
 
 proxy: $(VENV)/.test-installed
 	$(PY) scripts/proxy_validation.py --config=configs/proxy_validation.py
+
+# A text-game agent (ALFWorld teacher by default) built locally and evaluated as the HAD paper
+# does (docs/text_agents.md); `make text-agents TEXT_CONFIG=configs/text_agents.py:student`.
+TEXT_CONFIG ?= configs/text_agents.py
+text-agents: $(VENV)/.test-installed java
+	$(PY) scripts/text_agents.py --config=$(TEXT_CONFIG)
 
 bench: $(VENV)/.test-installed
 	$(PY) benchmarks/solver_throughput.py
