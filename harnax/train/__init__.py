@@ -1,9 +1,12 @@
-"""Training loops (optax): exact policy-gradient ascent on returns computed without sampling.
+"""Training (optax): exact policy-gradient ascent on returns computed without sampling, SFT,
+distillation losses (`distill`), and batched agent rollouts in text games (`rollouts`).
 
 Depends on everything below it: `harnax.core` (exact evaluation), `harnax.harness`,
-`harnax.policies`.
+`harnax.envs`, `harnax.policies`.
 """
 
+from harnax.train import distill
+from harnax.train import rollouts
 from harnax.train.exact_pg import FitResult
 from harnax.train.exact_pg import adam
 from harnax.train.exact_pg import fit
@@ -24,6 +27,8 @@ from harnax.train.sft import sft_loss
 from harnax.train.sft import train_sft
 
 __all__ = [
+    "distill",
+    "rollouts",
     "FitResult",
     "adam",
     "fit",
