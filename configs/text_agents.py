@@ -59,6 +59,13 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.sft.clip_norm = 1.0
   config.sft.length_bucket = 64   # batches cut to a multiple of 64 tokens (padding only)
 
+  # DAgger rounds after the first SFT (ALFWorld): the model plays the training tasks, the expert
+  # labels every state it reaches, and SFT goes on over all examples so far.
+  config.dagger = ml_collections.ConfigDict()
+  config.dagger.rounds = 0
+  config.dagger.num_steps = 300     # SFT steps per round
+  config.dagger.expert_prob = 0.0   # execute the expert's action instead with this probability
+
   # Evaluation (harnax.studies.text_agents.evaluate).
   config.eval = ml_collections.ConfigDict()
   config.eval.per_type = 3      # seen and unseen tasks per type

@@ -175,6 +175,60 @@ def walkthroughs(tasks, *, window: int, max_steps: int) -> tuple[list[dict], dic
   return examples, {"episodes": len(tasks), "won": wins, "turns": turns}
 
 
+def dagger_examples(model, tokenizer, tasks, *, window: int, max_steps: int,
+                    batch_size: int = 8, max_new_tokens: int = 64, expert_prob: float = 0.0,
+                    seed: int = 0) -> tuple[list[dict], dict]:
+  """Expert labels on the states the model itself reaches (DAgger, Ross et al. 2011).
+
+  The model plays `tasks` greedily through the full harness, a batch of games at a time (one
+  batched generation per turn). At every turn the record-based expert labels the state; the
+  model's action is executed, or the expert's with probability `expert_prob` and whenever the
+  model's output has no parsable action. ALFWorld only: ScienceWorld's expert is a gold path
+  from the start state and cannot label other states.
+
+  Returns:
+    (examples, summary) as :func:`walkthroughs` (examples labelled by the expert; the summary
+    counts the episodes the MODEL's play won).
+  """
+  if any(t.game != "alfworld" for t in tasks):
+    raise ValueError("tasks: DAgger needs an expert for any state, which only ALFWorld has")
+  if not 0.0 <= expert_prob <= 1.0:
+    raise ValueError(f"expert_prob: expected a probability, got {expert_prob!r}")
+  generator = rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens)
+  rng = random.Random(seed)
+  examples, wins, turns, parse_failures = [], 0, 0, 0
+  tasks = list(tasks)
+  for start in range(0, len(tasks), batch_size):
+    live = []
+    for task in tasks[start:start + batch_size]:
+      game = HarnessedGameMaker(max_steps=max_steps)(task)
+      _, info = game.reset()
+      live.append([game, info, _expert(game, info)])
+    while live:
+      contexts = [game.context(window=window) for game, _, _ in live]
+      outputs = generator(contexts)
+      still = []
+      for (game, info, expert), context, out in zip(live, contexts, outputs):
+        step = expert(info)
+        examples.append({"task": game.task.ident, "context": context,
+                         "output": text_agent.format_output(step.thought, step.action),
+                         "action": step.action})
+        action = text_agent.parse_output(out.text).action
+        parse_failures += action is None
+        if action is None or rng.random() < expert_prob:
+          action = step.action
+        _, _, terminated, truncated, info = game.step(action)
+        if terminated or truncated:
+          wins += bool(info.get("won"))
+          turns += len(game.turns)
+          game.close()
+        else:
+          still.append([game, info, expert])
+      live = still
+  return examples, {"episodes": len(tasks), "won": wins, "turns": turns,
+                    "parse_failures": parse_failures}
+
+
 def config_dict(cfg) -> dict:
   return json.loads(cfg.to_json())
 
@@ -253,13 +307,36 @@ def _build(cfg, path: str, say: Log) -> dict:
       learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
       weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed), log=say,
       log_every=max(1, int(s.num_steps) // 5), length_bucket=int(s.length_bucket))
-  models.save_pretrained(result.model, path)
+  trained, losses, rounds = result.model, list(result.losses), []
+  d = cfg.dagger
+  for r in range(int(d.rounds)):
+    more, summary = dagger_examples(trained, tok, tasks, window=int(cfg.window),
+                                    max_steps=int(cfg.max_steps), expert_prob=float(d.expert_prob),
+                                    seed=int(cfg.seed) + r)
+    examples += more
+    say(f"text agent: DAgger round {r + 1}: the model won {summary['won']}/{summary['episodes']}"
+        f" ({summary['parse_failures']} outputs without an action); {len(examples)} examples")
+    prompts = [text_agent.format_prompt(tok, e["context"]) for e in examples]
+    data = train_lib.encode_examples(tok, prompts, [e["output"] for e in examples])
+    if data.ids.shape[1] > model_cfg.max_position_embeddings:
+      raise ValueError(f"model.max_position_embeddings: {model_cfg.max_position_embeddings} is "
+                       f"shorter than the longest example ({data.ids.shape[1]} tokens)")
+    step = train_lib.train_sft(
+        trained, data, num_steps=int(d.num_steps), batch_size=int(s.batch_size),
+        learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
+        weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed) + r + 1,
+        log=say, log_every=max(1, int(d.num_steps) // 2), length_bucket=int(s.length_bucket))
+    trained = step.model
+    losses += list(step.losses)
+    rounds.append(summary)
+  models.save_pretrained(trained, path)
+  result = result._replace(model=trained, losses=np.asarray(losses))
   tail = result.losses[-max(1, len(result.losses) // 10):]
-  return {"walkthroughs": walk, "train_tasks": [t.ident for t in tasks],
+  return {"walkthroughs": walk, "dagger": rounds, "train_tasks": [t.ident for t in tasks],
           "model": {"num_params": int(models.param_count(result.model)),
                     "vocab_size": model_cfg.vocab_size},
           "training": {"num_examples": data.num_examples, "max_length": int(data.ids.shape[1]),
-                       "num_steps": int(s.num_steps), "initial_loss": float(result.losses[0]),
+                       "num_steps": len(result.losses), "initial_loss": float(result.losses[0]),
                        "final_loss": float(np.mean(tail)), "seconds": time.time() - t_sft},
           "seconds": time.time() - t0}
 

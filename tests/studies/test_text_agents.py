@@ -21,6 +21,9 @@ def _micro():
   cfg = config_lib.get_config("micro")
   cfg.per_type = 2
   cfg.sft.num_steps = 30
+  cfg.dagger.rounds = 1
+  cfg.dagger.num_steps = 10
+  cfg.max_steps = 20
   cfg.eval.per_type = 1
   cfg.eval.max_steps = 6
   cfg.eval.settings = ("with_harness", "harness_removed")
@@ -45,7 +48,11 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   walk = manifest["walkthroughs"]
   # The expert wins its training tasks from observations alone, and every turn is an example.
   assert walk["won"] == walk["episodes"] == 2
-  assert manifest["training"]["num_examples"] == walk["turns"]
+  # One DAgger round: the model played the same tasks and the expert labelled its turns.
+  (dagger,) = manifest["dagger"]
+  assert dagger["episodes"] == 2 and dagger["turns"] >= 2
+  assert manifest["training"]["num_examples"] == walk["turns"] + dagger["turns"]
+  assert manifest["training"]["num_steps"] == 30 + 10
   assert manifest["training"]["final_loss"] < manifest["training"]["initial_loss"]
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(directory))
   stamp = os.path.getmtime(os.path.join(directory, "model.safetensors"))
@@ -136,3 +143,22 @@ def test_scienceworld_walkthroughs_win_through_the_harness():
   assert summary["won"] == summary["episodes"] == 2
   assert len(examples) == summary["turns"]
   assert all(e["output"].startswith("Think: I am in the ") for e in examples)
+
+
+def test_dagger_labels_the_states_the_model_reaches(built):
+  cfg, directory, _ = built
+  model, tok = text_agents.load_agent(directory)
+  tasks = alfworld.tasks("seen", per_type=1, task_types=tuple(cfg.task_types))
+  # With the expert always executed, DAgger is the walkthrough itself, example for example.
+  same, summary = text_agents.dagger_examples(model, tok, tasks, window=cfg.window,
+                                              max_steps=50, expert_prob=1.0)
+  walk, walk_summary = text_agents.walkthroughs(tasks, window=cfg.window, max_steps=50)
+  assert [(e["context"], e["output"]) for e in same] == [(e["context"], e["output"])
+                                                         for e in walk]
+  assert summary["won"] == walk_summary["won"] == 1
+  # With the model executed, every turn it played is labelled once by the expert.
+  own, summary = text_agents.dagger_examples(model, tok, tasks, window=cfg.window, max_steps=5)
+  assert len(own) == summary["turns"] == 5
+  assert all(e["output"].endswith("Action: " + e["action"]) for e in own)
+  with pytest.raises(ValueError, match="expert_prob"):
+    text_agents.dagger_examples(model, tok, tasks, window=1, max_steps=1, expert_prob=2.0)

@@ -217,6 +217,15 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
       return _go(record, targets[0], f"I carry {obj}, ready for {goal.recep}.")
     return _explore(record, goal.recep, commands)
 
+  others = [o for o in record.inventory if name_class(o) != goal.obj]
+  if others and local:
+    # Carrying something the task does not need (a learner's detour): put it down first, the
+    # agent holds one object at a time.
+    put = _first(commands, f"move {others[0]} to {local[0]}") or _first(commands,
+                                                                         f"put {others[0]} ")
+    return ExpertStep(put or f"move {others[0]} to {local[0]}",
+                      f"I carry {others[0]}, which the task does not need; I put it down here.")
+
   placed = _placed(record, goal)
   seen = sorted((o for o, s in record.objects.items()
                  if name_class(o) == goal.obj and s.where != INVENTORY and o not in placed),

@@ -70,3 +70,29 @@ def test_expert_wins_from_observations_only():
     lengths.append(len(game.turns))
     game.close()
   assert wins >= len(tasks) - 1, (wins, lengths)
+
+
+@pytest.mark.slow
+def test_expert_puts_down_what_the_task_does_not_need():
+  from harnax.envs.text import alfworld
+
+  task = alfworld.tasks("seen", per_type=1, task_types=("pick_and_place_simple",))[0]
+  game = HarnessedGame(alfworld.make(task, max_steps=50), HarnessConfig())
+  _, info = game.reset()
+  goal = experts.parse_alfworld_goal(info["goal"])
+  # Walk the places until one holds an object of another class, and take it (a detour).
+  taken = None
+  for place in sorted(game.record.places):
+    _, _, _, _, info = game.step(f"go to {place}")
+    if f"open {place}" in info["admissible"]:
+      _, _, _, _, info = game.step(f"open {place}")
+    other = next((c for c in info["admissible"] if c.startswith("take ")
+                  and experts.name_class(c.split(" from ")[0][5:]) != goal.obj), None)
+    if other:
+      _, _, _, _, info = game.step(other)
+      taken = other.split(" from ")[0][5:]
+      break
+  assert taken is not None and taken in game.record.inventory
+  step = experts.alfworld_step(goal, game.record, info["admissible"])
+  assert step.action in info["admissible"] and step.action.startswith(f"move {taken} to ")
+  game.close()
