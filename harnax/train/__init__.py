@@ -6,6 +6,7 @@ Depends on everything below it: `harnax.core` (exact evaluation), `harnax.harnes
 """
 
 from harnax.train import distill
+from harnax.train import had
 from harnax.train import rollouts
 from harnax.train.exact_pg import FitResult
 from harnax.train.exact_pg import adam
@@ -28,6 +29,7 @@ from harnax.train.sft import train_sft
 
 __all__ = [
     "distill",
+    "had",
     "rollouts",
     "FitResult",
     "adam",
