@@ -48,26 +48,18 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-import memory  # benchmarks/memory.py (this folder is on sys.path when run as a script)
+import children  # benchmarks/children.py (this folder is on sys.path when run as a script)
+import memory  # benchmarks/memory.py
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "lm_policy_gradient.md")
 
-# Model sizes (Qwen3 layout, tied embeddings, float32); the vocabulary is the tokenizer's.
-SIZES = {
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, intermediate_size=128),
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, intermediate_size=512),
-    "quick": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=16, intermediate_size=64),
-}
+SIZES = children.SIZES
 METHODS = ("tree", "cache", "unshared")
 FULL = dict(sizes=["tiny", "small"], states=32, micro_batch=8, small_states=16,
             sweep_states=128, sweep=[8, 16, 32, 64, 128], repeats=5, slow_repeats=3,
@@ -470,7 +462,7 @@ def _child(args) -> None:
   else:
     res = measure_harnax(args.dir, args.size, args.child, args.states, args.micro_batch,
                          args.repeats, args.slow_repeats)
-  print("RESULT " + json.dumps(res))
+  children.report(res)
 
 
 _RESULTS: dict = {}
@@ -486,30 +478,23 @@ def _run_child(kind: str, directory: str, size: str, states: int, micro_batch: i
   key = (kind, directory, size, states, micro_batch, threads)
   if key in _RESULTS:
     return _RESULTS[key]
-  cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--dir", directory,
-         "--size", size, "--states", str(states), "--micro-batch", str(micro_batch),
-         "--repeats", str(repeats), "--slow-repeats", str(slow_repeats)]
+  args = ["--child", kind, "--dir", directory, "--size", size, "--states", str(states),
+          "--micro-batch", str(micro_batch), "--repeats", str(repeats),
+          "--slow-repeats", str(slow_repeats)]
   if kind == "torch":
-    cmd += ["--threads", str(threads)] + (["--profile"] if profile else [])
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    args += ["--threads", str(threads)] + (["--profile"] if profile else [])
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      res = json.loads(line[len("RESULT "):])
-      loads.append(os.getloadavg()[0])
-      _RESULTS[key] = res
-      log(f"{kind:8s} {size:5s} R={states:<4d} mb={micro_batch:<4d}"
-          + (f" threads={threads}" if threads else "")
-          + f" ({time.perf_counter() - t0:.0f} s): "
-          + ", ".join(f"{k}={v:.3g}" for k, v in res.items() if isinstance(v, float)))
-      return res
-  raise RuntimeError(f"{kind} run ({size}, R={states}, micro-batch {micro_batch}) failed:\n"
-                     f"{proc.stderr[-3000:]}")
+  res = children.run_child(__file__, args, loads,
+                           what=f"{kind} run ({size}, R={states}, micro-batch {micro_batch})")
+  _RESULTS[key] = res
+  log(f"{kind:8s} {size:5s} R={states:<4d} mb={micro_batch:<4d}"
+      + (f" threads={threads}" if threads else "")
+      + f" ({time.perf_counter() - t0:.0f} s): "
+      + ", ".join(f"{k}={v:.3g}" for k, v in res.items() if isinstance(v, float)))
+  return res
 
 
-def _ms(seconds: float) -> str:
-  return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+_ms = children.ms
 
 
 def _threads(n: int) -> str:

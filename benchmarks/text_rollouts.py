@@ -33,24 +33,17 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-import memory  # benchmarks/memory.py (this folder is on sys.path when run as a script)
+import children  # benchmarks/children.py (this folder is on sys.path when run as a script)
+import memory  # benchmarks/memory.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, "benchmarks", "results", "text_rollouts.md")
 
-SIZES = {
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, intermediate_size=128),
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, intermediate_size=512),
-    "quick": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=16, intermediate_size=64),
-}
+SIZES = children.SIZES
 FULL = dict(sizes=["tiny", "small"], games=8, batch=4, max_turns=4, new=48, vocab=1024,
             repeats=3, env_games=3, scienceworld=True)
 QUICK = dict(sizes=["quick"], games=2, batch=2, max_turns=2, new=8, vocab=400, repeats=1,
@@ -61,13 +54,6 @@ _START = time.perf_counter()
 
 def log(msg: str) -> None:
   print(f"[{time.perf_counter() - _START:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-def _bind(threads: int) -> None:
-  """Binds this process to `threads` cores before jax or torch start their thread pools."""
-  cpus = sorted(os.sched_getaffinity(0))
-  if threads < len(cpus):
-    os.sched_setaffinity(0, cpus[:threads])
 
 
 def make_game(task):
@@ -287,32 +273,26 @@ def measure_env(directory: str, conf: dict) -> dict:
 
 def _child(args) -> None:
   conf = json.loads(args.conf)
-  _bind(conf["threads"])
+  children.bind(conf["threads"])
   if args.child == "rollout":
     res = measure_rollout(args.dir, args.size, conf)
   elif args.child == "versus":
     res = measure_versus(args.dir, args.size, conf)
   else:
     res = measure_env(args.dir, conf)
-  print("RESULT " + json.dumps(res))
+  children.report(res)
 
 
 def _run_child(kind: str, directory: str, size: str, conf: dict, loads: list) -> dict:
-  cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--dir", directory,
-         "--size", size, "--conf", json.dumps(conf)]
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-  loads.append(os.getloadavg()[0])
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      log(f"{kind} {size}: {time.perf_counter() - t0:.1f} s")
-      return json.loads(line[len("RESULT "):])
-  raise RuntimeError(f"{kind} {size} failed:\n{proc.stderr[-4000:]}")
+  res = children.run_child(__file__, ["--child", kind, "--dir", directory, "--size", size,
+                                      "--conf", json.dumps(conf)], loads,
+                           what=f"{kind} {size}")
+  log(f"{kind} {size}: {time.perf_counter() - t0:.1f} s")
+  return res
 
 
-def _ms(seconds: float) -> str:
-  return f"{seconds * 1e3:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+_ms = children.ms
 
 
 def write_report(path: str, *, conf: dict, info: dict, rollout: dict, versus: dict, env: dict,
