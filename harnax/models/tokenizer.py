@@ -160,11 +160,17 @@ generation prompt ``<|im_start|>assistant\\n`` opens the assistant turn."""
 # never joined to what follows it, so an output tokenizes the same after a prompt that ends
 # with a newline (the chat generation prompt) as on its own.
 SPLIT_PATTERN = r"\p{N}|[\r\n]+|[^\r\n\p{N}]+"
+# Word pre-tokenization, for texts whose names must be copied exactly (text-game agents): a word
+# or a whole number with its leading space, a run of punctuation, a run of newlines or other
+# space. "go to cabinet 10" and "not visited: cabinet 10, ..." then hold the same two tokens
+# " cabinet", " 10", so copying a name is copying tokens.
+WORD_PATTERN = r" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|[\r\n]+|[^\S\r\n]+"
+PATTERNS = {"runs": SPLIT_PATTERN, "words": WORD_PATTERN}
 
 
 def train_tokenizer(texts: Sequence[str], path: str, *, vocab_size: int,
                     min_frequency: int = 2, max_token_length: int | None = 24,
-                    model_max_length: int = 4096) -> Tokenizer:
+                    model_max_length: int = 4096, pre_tokenize: str = "runs") -> Tokenizer:
   """Trains a byte-level BPE tokenizer on ``texts`` and saves it as a HF directory.
 
   The tokenizer has the special tokens ``SPECIAL_TOKENS`` (ids 0, 1, 2), pad token
@@ -185,6 +191,8 @@ def train_tokenizer(texts: Sequence[str], path: str, *, vocab_size: int,
     min_frequency: a pair is merged only if it occurs at least this often.
     max_token_length: the longest token in characters (None: no limit).
     model_max_length: recorded in ``tokenizer_config.json`` (transformers' length limit).
+    pre_tokenize: ``"runs"`` (:data:`SPLIT_PATTERN`: digits alone, merges inside runs) or
+      ``"words"`` (:data:`WORD_PATTERN`: words and whole numbers with their leading space).
 
   Returns:
     The saved tokenizer, loaded back with :meth:`Tokenizer.from_dir`.
@@ -203,6 +211,8 @@ def train_tokenizer(texts: Sequence[str], path: str, *, vocab_size: int,
   corpus = sorted({str(t) for t in texts if t})
   if not corpus:
     raise ValueError("texts: expected at least one non-empty text")
+  if pre_tokenize not in PATTERNS:
+    raise ValueError(f"pre_tokenize: expected one of {sorted(PATTERNS)}, got {pre_tokenize!r}")
   alphabet = pre_tokenizers.ByteLevel.alphabet()
   smallest = len(alphabet) + len(SPECIAL_TOKENS)
   if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < smallest:
@@ -218,7 +228,7 @@ def train_tokenizer(texts: Sequence[str], path: str, *, vocab_size: int,
   tok = _HFTokenizer(models.BPE())
   tok.normalizer = normalizers.NFC()
   tok.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+      pre_tokenizers.Split(Regex(PATTERNS[pre_tokenize]), behavior="isolated"),
       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
   tok.decoder = decoders.ByteLevel()
   tok.post_processor = processors.ByteLevel(trim_offsets=False)

@@ -113,3 +113,23 @@ def test_bad_input(tmp_path):
     tokenizer_lib.train_tokenizer("abc", str(tmp_path), vocab_size=300)
   with pytest.raises(ValueError, match="min_frequency"):
     tokenizer_lib.train_tokenizer(["abc"], str(tmp_path), vocab_size=300, min_frequency=0)
+  with pytest.raises(ValueError, match="pre_tokenize"):
+    tokenizer_lib.train_tokenizer(["abc"], str(tmp_path), vocab_size=300, pre_tokenize="bytes")
+
+
+def test_word_pre_tokenization_names_are_the_same_tokens_everywhere(tmp_path):
+  """With ``pre_tokenize="words"`` a name reads as the same tokens in a list, in a command and
+  in a sentence (what a small agent copies), and transformers tokenizes it alike."""
+  texts = ["not visited: cabinet 1, cabinet 10, drawer 2\n> go to cabinet 10\n",
+           "Think: cabinet 10 is closed.\nAction: open cabinet 10"] * 5
+  path = str(tmp_path / "tok")
+  tok = tokenizer_lib.train_tokenizer(texts, path, vocab_size=300, pre_tokenize="words")
+  name = tok.encode(" cabinet 10", add_special_tokens=False)
+  assert [tok.decode([i]) for i in name] == [" cabinet", " 10"]
+  for text in ("not visited: cabinet 1, cabinet 10", "go to cabinet 10", "Think: cabinet 10 is"):
+    ids = tok.encode(text, add_special_tokens=False)
+    assert any(ids[i:i + 2] == name for i in range(len(ids) - 1)), text
+    assert tok.decode(ids) == text
+  ref = transformers.AutoTokenizer.from_pretrained(path)
+  for text in texts[:2]:
+    assert ref.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
