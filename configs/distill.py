@@ -1,0 +1,85 @@
+"""Config of harnax.train.distill_loop / harnax.studies.had_study: a locally built teacher
+distilled into a student by HAD, a baseline or an ablation (docs/had.md).
+
+Variant: "<method>[,<game>][,micro][,budget2]" with method one of had, opd, sage_opd,
+guided_opd, sopd, no_validity_filter, no_negative_action, no_preference; game alfworld
+(default) or scienceworld; "micro" a tiny sizing for tests; "budget2" the teacher budget x2
+control (twice the rollouts, hence teacher-scored tokens, per update), e.g.
+`--config=configs/distill.py:opd,alfworld,budget2`.
+
+The teacher and the student are the text agents of configs/text_agents.py ("teacher" and
+"student" variants, built by harnax.studies.text_agents.build_agent into their agent_dir).
+"""
+
+import ml_collections
+
+from configs import text_agents
+from harnax.train import distill_loop
+
+
+def get_config(variant: str = "had") -> ml_collections.ConfigDict:
+  parts = [p for p in variant.split(",") if p]
+  if not parts or parts[0] not in distill_loop.ALL_METHODS:
+    raise ValueError(f"variant: expected '<method>[,<game>][,micro][,budget2]' with method one of"
+                     f" {distill_loop.ALL_METHODS}, got {variant!r}")
+  method, rest = parts[0], parts[1:]
+  games = [p for p in rest if p in ("alfworld", "scienceworld")]
+  unknown = [p for p in rest if p not in ("alfworld", "scienceworld", "micro", "budget2")]
+  if unknown or len(games) > 1:
+    raise ValueError(f"variant: unknown or repeated parts {unknown or games} in {variant!r}")
+  game = games[0] if games else "alfworld"
+  micro = "micro" in rest
+
+  c = distill_loop.default_config()
+  c.method = method
+  c.game = game
+  c.teacher_budget = 2 if "budget2" in rest else 1
+  c.teacher = text_agents.get_config(f"{'micro' if micro else 'teacher'},{game}")
+  c.student = text_agents.get_config(f"{'micro' if micro else 'student'},{game}")
+  c.teacher_dir = c.teacher.agent_dir
+  c.student_dir = c.student.agent_dir
+  c.window = c.teacher.window
+  c.task_types = c.teacher.task_types
+  c.per_type = c.teacher.per_type        # the teacher's seen training tasks are the prompts
+  c.task_seed = c.teacher.task_seed
+  c.max_turns = 20
+  c.episodes_per_step = 4
+  c.batch_size = 4
+  c.max_new_tokens = 64
+  c.temperature = 1.0
+  c.kl = "full"
+  c.beta = 1.0
+  c.sopd_temperature = 1.0
+  c.guided.p0 = 0.5
+  c.guided.anneal_fraction = 0.5
+  c.workdir = f"results/distill/{game}-{method}" + ("-budget2" if c.teacher_budget == 2 else "")
+  c.train.optimizer = "adamw"
+  c.train.learning_rate = 1e-4
+  c.train.grad_clip_norm = 1.0
+  c.train.num_steps = 100
+  c.train.checkpoint_every = 10
+  c.train.log_every = 1
+
+  # The study (harnax.studies.had_study): each method evaluated under the HAD settings.
+  c.study = ml_collections.ConfigDict()
+  c.study.methods = distill_loop.METHODS
+  c.study.ablations = distill_loop.ABLATIONS
+  c.study.budget2 = ("opd", "sopd")
+  c.study.seeds = (0, 1, 2)
+  c.study.output_dir = f"results/had_study/{game}"
+
+  if micro:
+    c.student.agent_dir = c.student_dir = f"results/text_agents/{game}-micro-student"
+    c.student.model.hidden_size = 32
+    c.student.model.head_dim = 8
+    c.student.model.intermediate_size = 96
+    c.max_turns = 3
+    c.episodes_per_step = 1
+    c.batch_size = 1
+    c.max_new_tokens = 24
+    c.length_bucket = 512
+    c.train.num_steps = 2
+    c.train.checkpoint_every = 1
+    c.study.seeds = (0,)
+    c.workdir = f"results/distill/{game}-{method}-micro"
+  return c
