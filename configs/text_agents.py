@@ -36,6 +36,9 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.tokenizer = ml_collections.ConfigDict()
   config.tokenizer.vocab_size = 1024
   config.tokenizer.min_frequency = 2
+  # Words and whole numbers as tokens: "cabinet 10" is the same two tokens in the record, in a
+  # thought and in a command, so the agent copies names token for token.
+  config.tokenizer.pre_tokenize = "words"
 
   # Qwen3 architecture (harnax.models.Qwen3Config); vocabulary = the tokenizer's.
   config.model = ml_collections.ConfigDict()

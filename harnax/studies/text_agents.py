@@ -290,7 +290,8 @@ def _build(cfg, path: str, say: Log) -> dict:
   texts = [e["context"] for e in examples] + [e["output"] for e in examples]
   texts.append(text_agent.SYSTEM_PROMPT)
   tok = tokenizer_lib.train_tokenizer(texts, path, vocab_size=int(cfg.tokenizer.vocab_size),
-                                      min_frequency=int(cfg.tokenizer.min_frequency))
+                                      min_frequency=int(cfg.tokenizer.min_frequency),
+                                      pre_tokenize=str(cfg.tokenizer.get("pre_tokenize", "runs")))
   prompts = [text_agent.format_prompt(tok, e["context"]) for e in examples]
   data = train_lib.encode_examples(tok, prompts, [e["output"] for e in examples])
   model_cfg = base_model.model_config(cfg, tok)

@@ -15,7 +15,7 @@ ALFWorld (:func:`alfworld_step`), from the goal sentence (the six task types' te
    else goes to one (opening it first when it is closed);
 3. a target object seen somewhere (not already placed): take it when here, else go there;
 4. otherwise explore: open the closed receptacle here, or go to the first place the record has
-   not visited (the record lists them sorted, so the choice is "the first name of that line").
+   not explored (the record lists them sorted, so the choice is "the first name of that line").
 
 ScienceWorld's expert is its gold path (``expert_plan()``), replayed with a generic thought.
 """
@@ -131,30 +131,21 @@ def _local(record: Record) -> list[str]:
   return [record.location] + sorted(record.nearby, key=_number)
 
 
-def _explored(record: Record, place: str) -> bool:
-  return record.places[place].visited or place in record.contents
-
-
 def _explore(record: Record, want: str, commands: tuple[str, ...]) -> ExpertStep:
   for place in _local(record):
     if record.openness.get(place) == CLOSED or (
-        not _explored(record, place) and f"open {place}" in commands):
-      return ExpertStep(f"open {place}", f"{place} is closed; I open it to see inside.")
-    if not _explored(record, place) and f"examine {place}" in commands:
-      return ExpertStep(f"examine {place}", f"I have not looked at {place}; I examine it.")
-  unexplored = sorted((p for p in record.places if not _explored(record, p)), key=_sort_key)
+        not record.explored(place) and f"open {place}" in commands):
+      return ExpertStep(f"open {place}", f"{place} here is closed; I open it to see inside.")
+    if not record.explored(place) and f"examine {place}" in commands:
+      return ExpertStep(f"examine {place}", f"{place} here is unexplored; I examine it.")
+  unexplored = record.unexplored()  # sorted by name, as the record renders them
   if unexplored:
-    return _go(record, unexplored[0], f"No {want} seen yet. {unexplored[0]} is the first place "
-                                      f"not visited.")
-  closed = sorted((p for p, s in record.openness.items() if s == CLOSED), key=_sort_key)
+    return _go(record, unexplored[0], f"No {want} seen yet. The first unexplored place is "
+                                      f"{unexplored[0]}.")
+  closed = sorted(p for p, s in record.openness.items() if s == CLOSED)
   if closed:
     return _go(record, closed[0], f"No {want} seen yet; {closed[0]} is still closed.")
   return ExpertStep("look", f"No {want} seen anywhere; I look around again.")
-
-
-def _sort_key(name: str):
-  # The record renders places sorted by name; the expert explores in that same order.
-  return name
 
 
 def alfworld_step(goal: AlfWorldGoal | str, record: Record,

@@ -133,14 +133,14 @@ class Harness:
 
   def reset(self, observation: str, info: dict | None = None):
     """Starts an episode from the game's opening `observation` and `info`."""
-    self.record = Record(self.game)
+    info = info or {}
+    self.record = Record(self.game, goal=str(info.get("goal") or ""))
     observers.update(self.record, None, observation)
     self.status = LoopStatus()
     self._transitions = []
     self._outcomes = {_squash(observation)}
     self._last = _squash(observation)
     self._idle = 0
-    info = info or {}
     self._score = float(info.get("score", 0.0))
     self.admissible = _admissible(info)
 

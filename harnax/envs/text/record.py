@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 
 OPEN = "open"
 CLOSED = "closed"
@@ -72,6 +73,8 @@ class Record:
     properties: object -> states the game reported ("hot", "cool", "clean", "sliced", "on").
     nearby: ALFWorld only: receptacles that share the agent's spot (the game offers no "go to"
       for them, they are opened and used from here), read off the admissible commands.
+    goal: the task sentence (the harness sets it at the reset); it selects the objects of the
+      rendered ``task objects`` line.
   """
 
   game: str
@@ -86,6 +89,7 @@ class Record:
   inventory_complete: bool = False
   properties: dict[str, set[str]] = dataclasses.field(default_factory=dict)
   nearby: set[str] = dataclasses.field(default_factory=set)
+  goal: str = ""
 
   def __post_init__(self):
     if self.game not in GAMES:
@@ -206,21 +210,57 @@ class Record:
     names = set(self.places) | set(self.contents) | set(self.objects) | set(self.openness)
     return names | set(self.inventory)
 
+  def explored(self, place: str) -> bool:
+    """The agent has been at `place` or has seen inside it (a receptacle beside it)."""
+    known = self.places.get(place)
+    return (known is not None and known.visited) or place in self.contents
+
+  def unexplored(self) -> list[str]:
+    """Known places neither visited nor seen inside, sorted by name."""
+    return sorted(p for p in self.places if not self.explored(p))
+
+  def task_objects(self) -> list[str]:
+    """Objects seen whose kind (the name without its number) is a word or phrase of the goal,
+    sorted by name."""
+    goal = " ".join(re.findall(r"[a-z]+", self.goal.lower()))
+    if not goal:
+      return []
+    def kind(name):
+      return re.sub(r"\s+\d+$", "", name.lower())
+    return sorted(o for o in self.objects
+                  if re.search(rf"\b{re.escape(kind(o))}\b", goal))
+
+  def _status(self, place: str) -> str:
+    """" (closed)" / " (unexplored)" / "": what the agent can still do at a place here."""
+    if self.openness.get(place) == CLOSED:
+      return " (closed)"
+    return "" if self.explored(place) else " (unexplored)"
+
   def render(self) -> str:
-    """Compact ``key: value`` lines in a stable order (sorted names), one fact group a line."""
-    lines = [f"location: {self.location or 'unknown'}"]
+    """Compact ``key: value`` lines in a stable order (sorted names), one fact group a line.
+
+    The lines a decision rests on come first and name things exactly as commands do: the task,
+    where the agent is and what can still be done there, what it carries, where the task's
+    objects were seen, and the places left to explore (sorted by name).
+    """
+    lines = [f"task: {self.goal.strip()}"] if self.goal.strip() else []
+    lines.append(f"location: {self.location or 'unknown'}"
+                 + (self._status(self.location) if self.location else ""))
     if self.nearby:
-      lines.append(f"also here: {', '.join(sorted(self.nearby))}")
+      lines.append("also here: " + ", ".join(p + self._status(p) for p in sorted(self.nearby)))
     if self.inventory:
       inv = ", ".join(self.inventory) + ("" if self.inventory_complete else " (maybe more)")
     else:
       inv = "nothing" if self.inventory_complete else "unknown"
     lines.append(f"inventory: {inv}")
-    visited = sorted(p for p, v in self.places.items() if v.visited)
-    lines.append(f"visited: {', '.join(visited) or 'none'}")
-    if self.places_complete:
-      unvisited = sorted(p for p, v in self.places.items() if not v.visited)
-      lines.append(f"not visited: {', '.join(unvisited) or 'none'}")
+    if self.goal.strip():
+      seen = [f"{o} in {self.objects[o].where}" for o in self.task_objects()]
+      lines.append(f"task objects: {', '.join(seen) or 'none seen'}")
+    if self.places_complete:  # every place is known: the ones left say it all
+      lines.append(f"unexplored: {', '.join(self.unexplored()) or 'none'}")
+    else:
+      visited = sorted(p for p, v in self.places.items() if v.visited)
+      lines.append(f"visited: {', '.join(visited) or 'none'}")
     here = self.places.get(self.location) if self.location else None
     if here is not None and here.exits is not None:
       exits = ", ".join(f"{n} ({s})" for n, s in sorted(here.exits.items()))

@@ -40,6 +40,30 @@ def _alfworld_record(steps):
   return rec
 
 
+def test_record_render_puts_decisions_in_view():
+  """The task, what can still be done here, where the task's objects were seen, and the places
+  left: each is one line, naming things as commands do."""
+  rec = Record("alfworld", goal="put a clean knife in drawer.")
+  observers.update(rec, None, AW_WELCOME)
+  for action, obs in [
+      ("go to countertop 1", "You arrive at countertop 1. On the countertop 1, you see a apple 1,"
+                             " a bread 1, and a knife 1."),
+      ("go to cabinet 1", "You arrive at cabinet 1. The cabinet 1 is closed.")]:
+    rec.turn += 1
+    observers.update(rec, action, obs)
+  rec.nearby = {"cabinet 2", "fridge 1"}
+  rec.contents["fridge 1"] = ((), 2)  # looked inside from beside it: explored, not visited
+  lines = rec.render().splitlines()
+  assert lines[:5] == ["task: put a clean knife in drawer.", "location: cabinet 1 (closed)",
+                       "also here: cabinet 2 (unexplored), fridge 1", "inventory: nothing",
+                       "task objects: knife 1 in countertop 1"]
+  assert "unexplored: cabinet 2, microwave 1, sinkbasin 1" in lines
+  assert rec.task_objects() == ["knife 1"]  # "apple" and "bread" are not words of the goal
+  assert Record("alfworld", goal="put a knife in drawer").render().splitlines()[:2] == [
+      "task: put a knife in drawer", "location: unknown"]
+  assert "task objects: none seen" in Record("alfworld", goal="x").render()
+
+
 # ---- parser corners --------------------------------------------------------------------------
 
 
@@ -73,8 +97,9 @@ def test_alfworld_transcript_record():
   observers.update(rec, "inventory", "You are not carrying anything.")
   assert rec.inventory == [] and rec.inventory_complete
   lines = rec.render().splitlines()
-  assert lines[0] == "location: microwave 1" and "inventory: nothing" in lines
-  assert "not visited: cabinet 1, cabinet 2, sinkbasin 1" in lines
+  assert lines[0] == "location: microwave 1 (closed)" and "inventory: nothing" in lines
+  assert "unexplored: cabinet 1, cabinet 2, sinkbasin 1" in lines
+  assert not any(line.startswith(("task:", "task objects:", "visited:")) for line in lines)
   assert "seen in fridge 1 (turn 4): nothing" in lines
   assert "states: apple 1 (hot)" in lines
 
