@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 MLP_KINDS = ("dense", "moe")
 NORM_STYLES = ("scale", "one_plus_scale")  # Qwen: x * w; Gemma: x * (1 + w)
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 # Our field name -> the config.json key, for error messages.
 HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
             "num_kv_heads": "num_key_value_heads"}
@@ -32,7 +32,9 @@ class RopeConfig:
 
   ``factor``/``low_freq_factor``/``high_freq_factor``/``original_max_position_embeddings`` are
   used by the scaled variants; ``beta_fast``/``beta_slow``/``attention_factor``/``mscale``/
-  ``mscale_all_dim``/``truncate`` by yarn only.
+  ``mscale_all_dim``/``truncate`` by yarn only. ``partial_rotary_factor`` is read by
+  ``proportional`` only (Gemma 4's global layers): the first ``factor * head_dim / 2``
+  frequencies rotate, the rest are zero (those dimensions pass through unrotated).
   """
 
   theta: float = 10000.0
@@ -47,6 +49,7 @@ class RopeConfig:
   mscale: float | None = None
   mscale_all_dim: float | None = None
   truncate: bool = True
+  partial_rotary_factor: float | None = None
 
   @classmethod
   def from_hf(cls, params: Mapping[str, Any], *, field: str) -> "RopeConfig":
@@ -79,7 +82,17 @@ class RopeConfig:
       raise ValueError(f"{field}.rope_type: expected one of {ROPE_TYPES}, got {self.rope_type!r}")
     if not (self.theta > 0 and math.isfinite(self.theta)):
       raise ValueError(f"{field}.rope_theta: expected a positive finite number, got {self.theta}")
-    if self.rope_type != "default" and not (self.factor is not None and self.factor > 0):
+    if self.rope_type == "proportional":
+      prf = self.partial_rotary_factor
+      if prf is not None and not 0 <= prf <= 1:
+        raise ValueError(f"{field}.partial_rotary_factor: expected a number in [0, 1], got {prf}")
+      if self.factor is not None and not self.factor > 0:
+        raise ValueError(f"{field}.factor: expected > 0, got {self.factor}")
+    elif self.partial_rotary_factor is not None and self.partial_rotary_factor != 1:
+      raise ValueError(f"{field}.partial_rotary_factor: supported only with rope_type "
+                       f"'proportional', got {self.partial_rotary_factor} for {self.rope_type!r}")
+    if self.rope_type not in ("default", "proportional") and not (
+        self.factor is not None and self.factor > 0):
       raise ValueError(f"{field}.factor: expected > 0 for rope_type {self.rope_type!r}, "
                        f"got {self.factor}")
     if self.rope_type == "llama3":
@@ -132,6 +145,9 @@ class DecoderConfig:
   pad_token_id: int | None = None
   # Original config.json (sorted JSON text) so save_pretrained keeps fields we do not model.
   hf_extra: str = "{}"
+  # Layer kinds the family builds: the attention kinds of LAYER_TYPES, which take RoPE
+  # parameters; a family with other mixers (Qwen3.5's linear attention) widens it.
+  SUPPORTED_LAYER_TYPES: ClassVar[tuple[str, ...]] = LAYER_TYPES
 
   def __post_init__(self):
     if not self.mlp_kinds:
@@ -189,13 +205,13 @@ class DecoderConfig:
                        f"got {self.head_dim}")
     if not (self.rms_norm_eps > 0):
       raise ValueError(f"{name}.rms_norm_eps: expected > 0, got {self.rms_norm_eps}")
-    one_per_layer("layer_types", LAYER_TYPES)
+    one_per_layer("layer_types", self.SUPPORTED_LAYER_TYPES)
     if "sliding_attention" in self.layer_types:
       if not (isinstance(self.sliding_window, int) and self.sliding_window > 0):
         raise ValueError(f"{name}.sliding_window: expected a positive integer when layer_types "
                          f"has sliding_attention, got {self.sliding_window!r}")
     rope = dict(self.rope)
-    for t in set(self.layer_types):
+    for t in set(self.layer_types) & set(LAYER_TYPES):  # recurrent layers have no RoPE
       if t not in rope:
         raise ValueError(f"{name}.rope_parameters: missing parameters for layer type {t!r}")
       rope[t].validate(f"{name}.rope_parameters[{t}]")

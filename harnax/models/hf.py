@@ -20,26 +20,43 @@ import jax.numpy as jnp
 import numpy as np
 
 from harnax.models import gemma3
+from harnax.models import gemma4
 from harnax.models import mapping
 from harnax.models import qwen3
+from harnax.models import qwen3_5
 from harnax.models import qwen3_moe
 from harnax.models import safetensors_io
 from harnax.models.config import DecoderConfig
+from harnax.models.gemma4_layers import Gemma4CausalLM
 from harnax.models.model import CausalLM
 
 FAMILIES = {
     qwen3.ARCHITECTURE: (qwen3.Qwen3Config, qwen3.rules),
     qwen3_moe.ARCHITECTURE: (qwen3_moe.Qwen3MoeConfig, qwen3_moe.rules),
     gemma3.ARCHITECTURE: (gemma3.Gemma3Config, gemma3.rules),
+    gemma4.ARCHITECTURE: (gemma4.Gemma4Config, gemma4.rules),
+    qwen3_5.ARCHITECTURE: (qwen3_5.Qwen35Config, qwen3_5.rules),
+    qwen3_5.MOE_ARCHITECTURE: (qwen3_5.Qwen35MoeConfig, qwen3_5.rules),
 }
 MODEL_TYPES = {qwen3.MODEL_TYPE: qwen3.ARCHITECTURE, qwen3_moe.MODEL_TYPE: qwen3_moe.ARCHITECTURE,
-               gemma3.MODEL_TYPE: gemma3.ARCHITECTURE}
+               gemma3.MODEL_TYPE: gemma3.ARCHITECTURE, gemma4.MODEL_TYPE: gemma4.ARCHITECTURE,
+               qwen3_5.MODEL_TYPE: qwen3_5.ARCHITECTURE,
+               qwen3_5.MOE_MODEL_TYPE: qwen3_5.MOE_ARCHITECTURE}
+# Families whose model is not the shared CausalLM (a subclass of it).
+MODEL_CLASSES = {gemma4.ARCHITECTURE: Gemma4CausalLM}
 # Multimodal wrappers whose language model we load (text only; the vision tower is skipped).
-MULTIMODAL = {"Gemma3ForConditionalGeneration": gemma3.ARCHITECTURE}
+MULTIMODAL = {"Gemma3ForConditionalGeneration": gemma3.ARCHITECTURE,
+              gemma4.MULTIMODAL_ARCHITECTURE: gemma4.ARCHITECTURE,
+              "Qwen3_5ForConditionalGeneration": qwen3_5.ARCHITECTURE,
+              "Qwen3_5MoeForConditionalGeneration": qwen3_5.MOE_ARCHITECTURE}
 _TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
                   ("language_model.lm_head.", "lm_head."))
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                    "model.multi_modal_projector.")
+                    "model.multi_modal_projector.",
+                    # Gemma 4: vision and audio towers and their embedders
+                    "model.embed_vision.", "model.audio_tower.", "model.embed_audio.",
+                    # Qwen3.5: the vision encoder and the multi-token-prediction head
+                    "model.visual.", "mtp.")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -76,7 +93,8 @@ def config_from_hf_dict(d: TMapping[str, Any]) -> DecoderConfig:
   if arch in MULTIMODAL:
     text = dict(d.get("text_config") or {})
     text.setdefault("tie_word_embeddings", d.get("tie_word_embeddings", True))
-    text.update(architectures=[MULTIMODAL[arch]], model_type=gemma3.MODEL_TYPE)
+    model_type = {a: t for t, a in MODEL_TYPES.items()}[MULTIMODAL[arch]]
+    text.update(architectures=[MULTIMODAL[arch]], model_type=model_type)
     return config_from_hf_dict(text)
   return FAMILIES[arch][0].from_hf_dict(d)
 
@@ -93,6 +111,11 @@ def text_tensor_name(name: str, multimodal: bool) -> str | None:
   return name
 
 
+def model_class(cfg: DecoderConfig) -> type[CausalLM]:
+  """The model class of a config's family (``CausalLM`` or a subclass)."""
+  return MODEL_CLASSES.get(cfg.architecture, CausalLM)
+
+
 def rules_for(cfg: DecoderConfig) -> list[mapping.Rule]:
   return FAMILIES[cfg.architecture][1](cfg)
 
@@ -102,7 +125,8 @@ def _param_shapes(state) -> dict[str, tuple[int, ...]]:
 
 
 def model_mapping(cfg: DecoderConfig, state) -> mapping.Mapping:
-  return mapping.Mapping(rules_for(cfg), _param_shapes(state), ignore=mapping.IGNORED)
+  ignore = mapping.IGNORED + tuple(getattr(cfg, "ignored_tensors", ()))
+  return mapping.Mapping(rules_for(cfg), _param_shapes(state), ignore=ignore)
 
 
 def _shard_files(path: str) -> list[str]:
@@ -136,8 +160,9 @@ def check_checkpoint(m: mapping.Mapping, present: dict[str, tuple[int, ...]], *,
 
 def abstract_model(cfg: DecoderConfig, *, param_dtype=jnp.float32, moe_impl: str = "auto"):
   """The model with ``ShapeDtypeStruct`` leaves: costs nothing, for shapes and param counts."""
-  return nnx.eval_shape(lambda: CausalLM(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype,
-                                         moe_impl=moe_impl))
+  cls = model_class(cfg)
+  return nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0), param_dtype=param_dtype,
+                                    moe_impl=moe_impl))
 
 
 def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
@@ -287,4 +312,4 @@ def save_pretrained(model: CausalLM, path: str, *, max_shard_bytes: int = 4 * 10
 def from_config(cfg: DecoderConfig, *, seed: int = 0, param_dtype=jnp.float32,
                 moe_impl: str = "auto") -> CausalLM:
   """A randomly initialised model (tests, benchmarks)."""
-  return CausalLM(cfg, rngs=nnx.Rngs(seed), param_dtype=param_dtype, moe_impl=moe_impl)
+  return model_class(cfg)(cfg, rngs=nnx.Rngs(seed), param_dtype=param_dtype, moe_impl=moe_impl)

@@ -122,7 +122,8 @@ def rope_frequencies(rope: RopeConfig, *, head_dim: int) -> tuple[np.ndarray, fl
   Implements HF ``rope_type`` semantics: ``default``; ``linear`` (positions divided by
   ``factor``); ``llama3`` (wavelength-dependent interpolation between ``low_freq_factor`` and
   ``high_freq_factor``); ``yarn`` (NTK-by-parts ramp between ``beta_fast``/``beta_slow``
-  rotations, with ``attention_factor`` scaling cos and sin).
+  rotations, with ``attention_factor`` scaling cos and sin); ``proportional`` (the first
+  ``partial_rotary_factor`` of the frequencies, the rest zero, all divided by ``factor``).
   """
   dim = head_dim
   exponents = np.arange(0, dim, 2, dtype=np.float64) / dim
@@ -143,6 +144,12 @@ def rope_frequencies(rope: RopeConfig, *, head_dim: int) -> tuple[np.ndarray, fl
     inv_freq = np.where(medium, smoothed, scaled)
   elif rope.rope_type == "yarn":
     inv_freq, scaling = _yarn(rope, dim)
+  elif rope.rope_type == "proportional":
+    # Gemma 4: exponents over the full head_dim, only the first `angles` frequencies kept; the
+    # zero frequencies leave their dimension pairs unrotated (cos 1, sin 0).
+    prf = 1.0 if rope.partial_rotary_factor is None else rope.partial_rotary_factor
+    angles = int(prf * dim // 2)
+    inv_freq = np.where(np.arange(dim // 2) < angles, inv_freq, 0.0) / (rope.factor or 1.0)
   return inv_freq.astype(np.float32), float(scaling)
 
 
