@@ -1,0 +1,296 @@
+"""The distillation step and loop (harnax.train.distill_loop): the losses against separate
+NumPy computations on a tiny model, λ as the gradient-norm ratio, a micro end-to-end update for
+HAD, every baseline and every ablation on real ALFWorld games, exact resume, malformed teacher
+outputs counted, and the loss blind to reward, success and later turns."""
+
+import dataclasses
+import functools
+
+from flax import nnx
+import jax
+import numpy as np
+import optax
+import pytest
+
+from harnax import models
+from harnax.envs.text import alfworld
+from harnax.models import tokenizer as tokenizer_lib
+from harnax.policies import text_agent
+from harnax.studies.text_agents import HarnessedGameMaker
+from harnax.train import distill_loop
+from harnax.train import rollouts
+
+TEXTS = ["You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a "
+         "countertop 1, a fridge 1 and a shelf 1.\nYour task is to: put a apple in fridge.",
+         "<harness_state>\nlocation: unknown\ninventory: nothing\nvisited: none\nnot visited: "
+         "cabinet 1, countertop 1\n</harness_state>", text_agent.SYSTEM_PROMPT,
+         "Think: I go there.\nAction: go to fridge 1", "take apple 1 from countertop 1"]
+
+
+def _model(tok, hidden, seed, dtype=jax.numpy.float32):
+  cfg = models.Qwen3Config.from_hf_dict({
+      "architectures": ["Qwen3ForCausalLM"], "vocab_size": tok.vocab_size, "hidden_size": hidden,
+      "intermediate_size": 2 * hidden, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 2048,
+      "tie_word_embeddings": True, "eos_token_id": tok.eos_token_id,
+      "pad_token_id": tok.pad_token_id})
+  return models.from_config(cfg, seed=seed, param_dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+  return tokenizer_lib.train_tokenizer(TEXTS, str(tmp_path_factory.mktemp("tok")),
+                                       vocab_size=400)
+
+
+def _log_softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("weighting", ["none", "given", "sopd"])
+def test_response_distillation_against_numpy(tok, weighting):
+  with jax.enable_x64(True):
+    _check_response_distillation(tok, weighting)
+
+
+def _check_response_distillation(tok, weighting):
+  student = _model(tok, 16, 0, jax.numpy.float64)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(3, tok.vocab_size, (2, 7)).astype(np.int32)
+  attention = np.array([[1] * 7, [1] * 5 + [0] * 2], bool)
+  response = np.array([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0, 0]], bool)
+  teacher = rng.normal(size=(2, 7, tok.vocab_size))
+  turn_w = np.array([0.2, 0.7])
+  loss, aux = distill_loop.response_distillation(
+      student, ids, attention, response, teacher, None, turn_w, weighting=weighting,
+      sopd_temperature=0.5)
+  # Independently: full forwards of each row, the KL at the positions predicting response
+  # tokens (position t-1 predicts token t).
+  kls = []
+  for r in range(2):
+    n = attention[r].sum()
+    ls = _log_softmax(np.asarray(student(jax.numpy.asarray(ids[r:r + 1, :n])))[0])
+    lt = _log_softmax(teacher[r, :n])
+    kls.append([float(np.sum(np.exp(ls[t - 1]) * (ls[t - 1] - lt[t - 1])))
+                for t in range(1, n) if response[r, t]])
+  n_tok = sum(map(len, kls))
+  if weighting == "none":
+    u = np.ones(2)
+  elif weighting == "given":
+    u = turn_w
+  else:
+    u = np.exp(-np.array([np.mean(k) for k in kls]) / 0.5)
+  scale = n_tok / sum(ui * len(k) for ui, k in zip(u, kls))
+  want = sum(scale * ui * sum(k) for ui, k in zip(u, kls)) / n_tok
+  np.testing.assert_allclose(float(loss), want, rtol=1e-9)
+  np.testing.assert_allclose(float(aux["kl"]), sum(map(sum, kls)) / n_tok, rtol=1e-9)
+
+
+def test_lambda_is_the_gradient_norm_ratio_and_inactive_pairs_add_nothing(tok):
+  with jax.enable_x64(True):
+    _check_lambda(tok)
+
+
+def _check_lambda(tok):
+  student = _model(tok, 16, 0, jax.numpy.float64)
+  graphdef, params, rest = nnx.split(student, nnx.Param, ...)
+  rng = np.random.default_rng(1)
+  ids = rng.integers(3, tok.vocab_size, (2, 8)).astype(np.int32)
+  pair_ids = np.repeat(rng.integers(3, tok.vocab_size, (2, 8)), 2, axis=0).astype(np.int32)
+  pair_ids[1::2, 6:] = rng.integers(3, tok.vocab_size, (2, 2))    # a⁻ differs in its tokens
+  action = np.zeros((4, 8), bool)
+  action[:, 6:] = True
+  arrays = dict(ids=ids, attention_mask=np.ones((2, 8), bool),
+                response_mask=np.array([[0] * 4 + [1] * 4] * 2, bool),
+                teacher_logits=rng.normal(size=(2, 8, tok.vocab_size)),
+                pairs_ids=pair_ids, pairs_attention=np.ones((4, 8), bool), pairs_action=action,
+                differ=np.array([True, True]), valid=np.array([True, False]))
+  arrays = {k: jax.numpy.asarray(v) for k, v in arrays.items()}
+  kw = dict(weighting="none", kl="full", sopd_temperature=1.0, beta=1.0)
+  grads, aux = distill_loop.loss_and_grads(graphdef, params, rest, arrays, pref="preference", **kw)
+
+  def rd(p):
+    return distill_loop.response_distillation(
+        nnx.merge(graphdef, p, rest), arrays["ids"], arrays["attention_mask"],
+        arrays["response_mask"], arrays["teacher_logits"])[0]
+
+  def pref(p):
+    return distill_loop.preference_term(
+        nnx.merge(graphdef, p, rest), arrays["pairs_ids"], arrays["pairs_attention"],
+        arrays["pairs_action"], arrays["differ"], arrays["valid"], mode="preference")[0]
+
+  g_rd, g_pref = jax.grad(rd)(params), jax.grad(pref)(params)
+  lam = float(optax.tree.norm(g_rd) / optax.tree.norm(g_pref))
+  assert float(aux["lambda"]) == pytest.approx(lam, rel=1e-9) and int(aux["active_pairs"]) == 1
+  want = jax.tree.map(lambda a, b: a + lam * b, g_rd, g_pref)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-14)
+  # The pair the mask drops and a pair whose actions agree contribute exactly zero.
+  off = dict(arrays, differ=jax.numpy.array([False, True]), valid=jax.numpy.array([True, False]))
+  grads, aux = distill_loop.loss_and_grads(graphdef, params, rest, off, pref="preference", **kw)
+  assert float(aux["pref"]) == 0.0 and float(aux["lambda"]) == 0.0
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(g_rd)):
+    np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
+
+
+# -- end to end on ALFWorld --------------------------------------------------------------------
+
+
+class StubTeacher:
+  """HAD's teacher queries answered by rule: with the harness, go to the fridge; without it,
+  look (`garbage`: no action at all, a malformed teacher)."""
+
+  def __init__(self, garbage=False):
+    self.garbage = garbage
+
+  def __call__(self, contexts):
+    out = []
+    for c in contexts:
+      text = ("" if self.garbage else
+              "Think: x\nAction: " + ("go to fridge 1" if "<harness_state>" in c else "look"))
+      out.append(rollouts.Generated(text, 5, 10))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class LyingGame:
+  """Games whose rewards, scores and success flags are changed (nothing else)."""
+
+  maker: HarnessedGameMaker
+
+  def __call__(self, task):
+    game = self.maker(task)
+    step = game.step
+
+    def lying_step(action):
+      obs, reward, terminated, truncated, info = step(action)
+      return obs, reward + 100.0, terminated, truncated, dict(info, won=True, score=99.0)
+
+    game.step = lying_step
+    return game
+
+
+@pytest.fixture(scope="module")
+def setup(tok):
+  tasks = alfworld.tasks("seen", per_type=2, task_types=("pick_and_place_simple",))
+  return tok, _model(tok, 16, 0), _model(tok, 32, 1), tasks
+
+
+def _cfg(method, **kw):
+  c = distill_loop.default_config()
+  c.method = method
+  c.episodes_per_step, c.batch_size, c.max_turns, c.window = 1, 1, 2, 1
+  c.max_new_tokens, c.length_bucket = 12, 1024
+  c.guided.p0 = 1.0
+  c.train.num_steps, c.train.checkpoint_every, c.train.log_every = 1, 0, 0
+  for k, v in kw.items():
+    c[k] = v
+  return c
+
+
+def _run(setup, tmp_path, method, *, teacher_generate=None, make_game=None, max_steps=None,
+         workdir=None, **kw):
+  tok, student, teacher, tasks = setup
+  if method in ("had",) + distill_loop.ABLATIONS and teacher_generate is None:
+    teacher_generate = StubTeacher()
+  return distill_loop.train(_cfg(method, **kw), student, tok, teacher,
+                            make_game or HarnessedGameMaker(max_steps=5), tasks,
+                            workdir=str(workdir or tmp_path / method), progress=False,
+                            teacher_generate=teacher_generate, max_steps_this_run=max_steps,
+                            teacher_tokenizer=tok)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", distill_loop.ALL_METHODS)
+def test_micro_update_of_every_method(setup, tmp_path, method):
+  _, result = _run(setup, tmp_path, method)
+  (rec,) = result.history
+  assert np.isfinite(rec["value"]) and rec["grad_norm"] > 0 and rec["turns"] == 2
+  assert rec["student_tokens"] > 0 and rec["teacher_scored_tokens"] > rec["student_tokens"]
+  if method == "guided_opd":
+    assert rec["teacher_prob"] == 1.0 and rec["teacher_turns"] == 2
+  if method in ("had", "no_negative_action"):
+    # The stub teacher's two answers differ at every state; none contradicts the record.
+    assert rec["pairs_differ"] == 2 and rec["active_pairs"] == 2 and rec["pref"] > 0
+  if method == "no_preference" or method in ("opd", "sage_opd", "sopd"):
+    assert rec["pref"] == 0 and rec["lambda"] == 0
+  with open(tmp_path / method / "metrics.jsonl") as f:
+    assert len(f.readlines()) == 1
+
+
+@pytest.mark.slow
+def test_resume_is_exact(setup, tmp_path):
+  tok, student, teacher, tasks = setup
+  cfg = _cfg("sopd")
+  cfg.train.num_steps = 2
+  run = functools.partial(distill_loop.train, cfg, student, tok, teacher,
+                          HarnessedGameMaker(max_steps=5), tasks, progress=False)
+  m_full, r_full = run(workdir=str(tmp_path / "a"))
+  run(workdir=str(tmp_path / "b"), max_steps_this_run=1)
+  m_split, r_split = run(workdir=str(tmp_path / "b"))
+  for a, b in zip(jax.tree.leaves(nnx.state(m_full, nnx.Param)),
+                  jax.tree.leaves(nnx.state(m_split, nnx.Param))):
+    np.testing.assert_array_equal(a, b)
+  drop = lambda r: {k: v for k, v in r.items() if k != "step_time"}  # noqa: E731
+  assert [drop(r) for r in r_full.history] == [drop(r) for r in r_split.history]
+
+
+@pytest.mark.slow
+def test_malformed_teacher_outputs_are_counted_and_the_run_goes_on(setup, tmp_path):
+  _, result = _run(setup, tmp_path, "had", teacher_generate=StubTeacher(garbage=True))
+  (rec,) = result.history
+  assert rec["teacher_unparsable"] == rec["turns"] == 2
+  assert rec["active_pairs"] == 0 and rec["pref"] == 0 and np.isfinite(rec["value"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sage_opd"])
+def test_reward_and_success_never_reach_the_loss(setup, tmp_path, method):
+  honest, r1 = _run(setup, tmp_path, method, workdir=tmp_path / "honest")
+  lying, r2 = _run(setup, tmp_path, method, workdir=tmp_path / "lying",
+                   make_game=LyingGame(HarnessedGameMaker(max_steps=5)))
+  # The logs do differ in reward and success ...
+  honest_log = rollouts.read_log(str(tmp_path / "honest" / "rollouts" / "step_000000.jsonl"))
+  lying_log = rollouts.read_log(str(tmp_path / "lying" / "rollouts" / "step_000000.jsonl"))
+  turns = lambda log: [r for r in log if r["kind"] == "turn"]  # noqa: E731
+  assert [r["reward"] + 100 for r in turns(honest_log)] == [r["reward"] for r in turns(lying_log)]
+  assert all(r["won"] for r in turns(lying_log))
+  # ... and the update does not.
+  for a, b in zip(jax.tree.leaves(nnx.state(honest, nnx.Param)),
+                  jax.tree.leaves(nnx.state(lying, nnx.Param))):
+    np.testing.assert_array_equal(a, b)
+  drop = lambda r: {k: v for k, v in r.items() if k != "step_time"}  # noqa: E731
+  assert drop(r1.history[0]) == drop(r2.history[0])
+
+
+@pytest.mark.slow
+def test_a_turn_rows_do_not_depend_on_later_turns(setup, tmp_path):
+  tok, student, teacher, tasks = setup
+  cfg = _cfg("sage_opd", max_turns=3)
+  turns, _ = distill_loop.collect(cfg, 0, student, tok, teacher, HarnessedGameMaker(max_steps=5),
+                                  tasks[:1], log_path=str(tmp_path / "log.jsonl"))
+  assert len(turns) == 3
+  prompt = rollouts.LMGenerator(student, tok, max_new_tokens=1).prompt
+  full = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt)
+  first = distill_loop.build_step_data(cfg, turns[:1], tok, teacher, prompt=prompt)
+  np.testing.assert_array_equal(full.ids[0], first.ids[0])
+  np.testing.assert_array_equal(full.response_mask[0], first.response_mask[0])
+  np.testing.assert_allclose(full.turn_weights[0], first.turn_weights[0], rtol=1e-5)
+
+
+def test_bad_configs_are_named(setup, tmp_path):
+  tok, student, teacher, tasks = setup
+  for field, value, match in (("method", "dpo", "method"), ("kl", "forward", "kl"),
+                              ("teacher_budget", 3, "teacher_budget"),
+                              ("max_turns", 0, "max_turns")):
+    cfg = _cfg("opd")
+    cfg[field] = value
+    with pytest.raises(ValueError, match=match):
+      distill_loop.train(cfg, student, tok, teacher,
+                         HarnessedGameMaker(), tasks, workdir=str(tmp_path / "bad"))
+  with pytest.raises(ValueError, match="kl"):
+    distill_loop.check_config(_cfg("guided_opd", kl="sampled"))
+  with pytest.raises(ValueError, match="tasks"):
+    distill_loop.train(_cfg("opd"), student, tok, teacher, HarnessedGameMaker(), [],
+                       workdir=str(tmp_path / "bad"))
