@@ -87,3 +87,11 @@ bench: $(VENV)/.test-installed
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# HAD and its baselines (docs/had.md): the teacher distilled into the student by each method,
+# evaluated under the four harness settings;
+# `make had-study HAD_CONFIG=configs/distill.py:had,scienceworld`.
+HAD_CONFIG ?= configs/distill.py:had
+.PHONY: had-study
+had-study: $(VENV)/.test-installed java
+	$(PY) scripts/had_study.py --config=$(HAD_CONFIG)

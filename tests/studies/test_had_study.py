@@ -1,0 +1,69 @@
+"""The HAD study's report (harnax.studies.had_study) on a tiny hand-made result, its run list,
+and configs/distill.py's variants."""
+
+import numpy as np
+import pytest
+
+from configs import distill as config_lib
+from harnax.studies import had_study
+from harnax.studies import text_metrics
+
+
+def _trace(won, turns=3, stalled=()):
+  s = np.zeros(turns, bool)
+  s[list(stalled)] = True
+  return text_metrics.EpisodeTrace(won=won, accepted=np.ones(turns, bool),
+                                   consistent=np.ones(turns, bool), stalled=s)
+
+
+def _by(wins_seen, wins_unseen, cfg):
+  return {s: {"seen": [_trace(w) for w in wins_seen], "unseen": [_trace(w) for w in wins_unseen]}
+          for s in cfg.teacher.eval.settings}
+
+
+def test_variants_set_method_game_budget_and_size():
+  c = config_lib.get_config("sopd,scienceworld,budget2")
+  assert (c.method, c.game, c.teacher_budget) == ("sopd", "scienceworld", 2)
+  assert c.teacher.game == "scienceworld" and c.workdir.endswith("scienceworld-sopd-budget2")
+  m = config_lib.get_config("had,micro")
+  assert m.game == "alfworld" and m.train.num_steps == 2 and m.teacher_dir != m.student_dir
+  for bad in ("dpo", "had,webshop", "had,alfworld,scienceworld", ""):
+    with pytest.raises(ValueError, match="variant"):
+      config_lib.get_config(bad)
+
+
+def test_run_list_has_methods_ablations_and_budget_controls():
+  names = [n for n, _, _ in had_study.run_names(config_lib.get_config("had"))]
+  assert names == ["had", "opd", "sage_opd", "guided_opd", "sopd", "no_validity_filter",
+                   "no_negative_action", "no_preference", "opd_budget2", "sopd_budget2"]
+  assert ("sopd_budget2", "sopd", 2) in had_study.run_names(config_lib.get_config("had"))
+
+
+def test_report_shows_ours_with_intervals_beside_the_paper():
+  cfg = config_lib.get_config("had,micro")
+  cfg.study.methods = ("had", "opd")
+  cfg.study.ablations = ("no_preference",)
+  cfg.study.budget2 = ("opd",)
+  runs = {"had": _by([True, False], [True, True], cfg), "opd": _by([False, False], [False, True],
+                                                                    cfg),
+          "no_preference": _by([False], [False], cfg), "opd_budget2": _by([False], [True], cfg)}
+  result = {"runs": runs, "teacher": _by([True], [True], cfg), "student": _by([False], [False],
+                                                                               cfg)}
+  text = had_study.render(cfg, result)
+  # HAD won 1 of 2 seen games: 50.0 % with its Wilson interval [9, 91].
+  assert "| had | 50.0 [9, 91] (1/2) | 100.0 [34, 100] (2/2) |" in text
+  assert "51.4 / 63.4" in text and "41.4 / 47.0" in text        # the paper beside ours
+  # Ablations pool the four settings and both splits: 0 of 8 and 4 of 8 games.
+  assert "| no_preference | 0.0 [0, 32] (0/8) | 43.5 |" in text
+  assert "| opd_budget2 | 50.0 [22, 78] (4/8) | 46.7 |" in text
+  assert "does not reproduce" not in text
+  m = had_study.metrics(result)
+  assert m["had/with_harness/seen"]["success"] == {"successes": 1, "trials": 2}
+
+
+def test_report_says_plainly_when_nothing_is_won():
+  cfg = config_lib.get_config("had,micro")
+  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("had",), (), ()
+  zero = _by([False, False], [False], cfg)
+  text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": zero, "student": zero})
+  assert "does not reproduce" in text and "0.0 [0, 66] (0/2)" in text
