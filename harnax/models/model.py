@@ -196,6 +196,9 @@ class CausalLM(nnx.Module):
     self.config = config
     self.embed_tokens = Embed(config.vocab_size, config.hidden_size, dtype=param_dtype, rngs=rngs)
     self.layers = nnx.List([
+        # A family with its own layer kinds (Qwen3.5's hybrid stack) builds its layers.
+        config.make_layer(i, dtype=param_dtype, rngs=rngs, moe_impl=moe_impl)
+        if hasattr(config, "make_layer") else
         DecoderLayer(config, i, dtype=param_dtype, rngs=rngs, moe_impl=moe_impl)
         for i in range(config.num_layers)
     ])
@@ -220,8 +223,12 @@ class CausalLM(nnx.Module):
     dtype = dtype or self.dtype
     shape = AttentionCache.storage_shape(batch=batch_size, kv_heads=cfg.num_kv_heads,
                                          length=max_length, head_dim=cfg.head_dim)
-    layers = tuple(AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
-                   for _ in range(cfg.num_layers))
+    kv_cache = lambda: AttentionCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+    # Layers with another state (a recurrent layer's fixed-size state) build their own.
+    layers = tuple(layer.init_layer_cache(batch_size, max_length, dtype=dtype,
+                                          kv_cache_fn=kv_cache)
+                   if hasattr(layer, "init_layer_cache") else kv_cache()
+                   for layer in self.layers)
     return Cache(layers=layers, positions=jnp.zeros((batch_size, max_length), jnp.int32),
                  valid=jnp.zeros((batch_size, max_length), bool), index=jnp.zeros((), jnp.int32))
 
