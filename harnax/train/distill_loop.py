@@ -258,6 +258,12 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
   prompts = [prompt(t["context"]) for t in turns]
   data = sft.encode_examples(tokenizer, prompts, [t["output"] for t in turns])
   length = _round_up(data.ids.shape[1], int(cfg.length_bucket))
+  limit = getattr(teacher.config, "max_position_embeddings", None) or 1 << 30
+  if data.ids.shape[1] > limit:
+    raise ValueError(f"max_prompt_tokens: a turn's prompt and response take {data.ids.shape[1]}"
+                     f" tokens, more than the teacher's {limit} positions; lower "
+                     "max_prompt_tokens or window")
+  length = min(length, limit)
   data = sft.encode_examples(tokenizer, prompts, [t["output"] for t in turns], length=length)
   rows = _pow2(len(turns))
   ids = _pad_rows(data.ids, rows, tokenizer.pad_token_id or 0)
