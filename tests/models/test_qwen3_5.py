@@ -37,6 +37,21 @@ TEXT = dict(vocab_size=VOCAB, hidden_size=32, num_attention_heads=4, num_key_val
             pad_token_id=0)
 
 
+@nnx.jit
+def prefill(model, ids, mask, cache):
+  return model.prefill(ids, mask, cache=cache)
+
+
+@nnx.jit
+def forward_with_cache(model, ids, mask, cache):
+  return model.forward_with_cache(ids, mask, cache=cache)
+
+
+@nnx.jit
+def decode_step(model, tokens, cache):
+  return model.decode_step(tokens, cache=cache)
+
+
 def hf_config(name):
   if name == "dense":
     return transformers.Qwen3_5TextConfig(**TEXT, intermediate_size=48)
@@ -98,27 +113,30 @@ def test_logits_match_transformers_with_left_padding(pairs, name):
 
 
 def test_padded_rows_equal_unpadded_rows_and_chunk_size_is_free(pairs):
+  """Rows 1-3 hold prefixes of row 0's sequence, left-padded (row 3 also has holes): the model
+  is causal, so each must give row 0's logits at the same real positions."""
   _, _, model = pairs("dense")
-  ids, mask = batch(seed=1, pads=(0, 9, 40))
+  seq = np.random.RandomState(1).randint(6, VOCAB, LENGTH)
+  ids = np.zeros((4, LENGTH), np.int64)
+  mask = np.zeros((4, LENGTH), np.int64)
+  ids[0], mask[0] = seq, 1
+  for row, n in ((1, 61), (2, 3)):
+    ids[row, LENGTH - n:], mask[row, LENGTH - n:] = seq[:n], 1
+  # Padding inside a row (not produced by tokenizers, but allowed by the mask semantics) is
+  # skipped as well: the conv convolves real inputs only and the recurrence steps over it.
+  slots = np.r_[10:20, 23:50, 52:LENGTH]
+  ids[3, slots], mask[3, slots] = seq[:len(slots)], 1
   out = np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(mask)))
-  for row in range(ids.shape[0]):
+  for row in (1, 2, 3):
     real = mask[row].astype(bool)
-    alone = np.asarray(models.forward(model, jnp.asarray(ids[row:row + 1, real])))[0]
-    np.testing.assert_allclose(out[row, real], alone, atol=2e-5)
-  # Padding in the middle of a row (not produced by tokenizers, but allowed by the mask
-  # semantics) is skipped as well: the conv convolves real inputs only.
-  holey = mask.copy()
-  holey[0, 20:23] = 0
-  out_h = np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(holey)))
-  real = holey[0].astype(bool)
-  alone = np.asarray(models.forward(model, jnp.asarray(ids[:1, real])))[0]
-  np.testing.assert_allclose(out_h[0, real], alone, atol=2e-5)
+    np.testing.assert_allclose(out[row, real], out[0, :real.sum()], atol=2e-5)
   # The chunk length is ours (not in config.json): any chunk gives the same logits.
   small = models.CausalLM(model.config.replace(linear_chunk_size=8))
   nnx.update(small, nnx.state(model))
-  np.testing.assert_allclose(np.asarray(models.forward(small, jnp.asarray(ids),
-                                                       jnp.asarray(mask)))[mask.astype(bool)],
-                             out[mask.astype(bool)], atol=2e-5)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(
+      np.asarray(models.forward(small, jnp.asarray(ids), jnp.asarray(mask)))[real], out[real],
+      atol=2e-5)
 
 
 def test_config_semantics(pairs):
@@ -132,25 +150,22 @@ def test_config_semantics(pairs):
   assert moe.mlp_kinds == ("moe",) * 4 and moe.norm_topk_prob
 
 
-@pytest.mark.parametrize("name", ["dense", "moe"])
-def test_cache_prefill_decode_equals_teacher_forcing(pairs, name):
-  _, _, model = pairs(name)
+def test_cache_prefill_decode_equals_teacher_forcing(pairs):
+  _, _, model = pairs("dense")
   ids, mask = batch(seed=2, length=12, pads=(0, 3))
-  full = np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(mask)))
+  # All positions at once through a fresh cache: the teacher-forced logits and the chunked
+  # prefill's final state.
+  full, ref_cache = forward_with_cache(model, jnp.asarray(ids), jnp.asarray(mask),
+                                       model.init_cache(batch_size=2, max_length=16))
+  full = np.asarray(full)
   cache = model.init_cache(batch_size=2, max_length=16)
   assert isinstance(cache.layers[0], DeltaNetCache)
-  # The prompt in two chunks (the second of one token runs the recurrent form), then decode.
-  logits, cache = model.prefill(jnp.asarray(ids[:, :7]), jnp.asarray(mask[:, :7]), cache=cache)
+  logits, cache = prefill(model, jnp.asarray(ids[:, :7]), jnp.asarray(mask[:, :7]), cache)
   np.testing.assert_allclose(np.asarray(logits), full[:, 6], atol=2e-5)
-  logits, cache = model.forward_with_cache(jnp.asarray(ids[:, 7:8]), jnp.asarray(mask[:, 7:8]),
-                                           cache=cache)
-  np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, 7], atol=2e-5)
-  for t in range(8, 12):
-    logits, cache = model.decode_step(jnp.asarray(ids[:, t]), cache=cache)
+  for t in range(7, 12):  # one token per step: the recurrent form
+    logits, cache = decode_step(model, jnp.asarray(ids[:, t]), cache)
     np.testing.assert_allclose(np.asarray(logits), full[:, t], atol=2e-5)
   # The recurrent state after token-by-token decoding equals the chunked prefill's state.
-  ref_cache = model.init_cache(batch_size=2, max_length=16)
-  _, ref_cache = model.prefill(jnp.asarray(ids), jnp.asarray(mask), cache=ref_cache)
   for ours, ref in zip(cache.layers, ref_cache.layers):
     if isinstance(ours, DeltaNetCache):
       np.testing.assert_allclose(np.asarray(ours.state), np.asarray(ref.state), atol=1e-5)
