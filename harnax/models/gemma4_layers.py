@@ -30,6 +30,7 @@ from harnax.models.layers import accum_dtype
 from harnax.models.layers import activation
 from harnax.models.layers import apply_rope
 from harnax.models.layers import attend
+from harnax.models.layers import attend_blocks
 from harnax.models.layers import attention_mask
 from harnax.models.layers import normal_init
 from harnax.models.layers import rms_norm
@@ -109,6 +110,22 @@ class Gemma4Attention(nnx.Module):
     out = attend(q, k, v, mask, scale=1.0)
     b, t = out.shape[:2]
     return self.o_proj(out.reshape(b, t, -1))
+
+  def tree_attend_and_project(self, qp: Array, qn: Array, prompt_kv, node_kv,
+                              prompt_query_pos: Array, prompt_pos: Array, prompt_valid: Array,
+                              node_pos: Array, ancestors: Array) -> tuple[Array, Array]:
+    """As :meth:`harnax.models.layers.Attention.tree_attend_and_project`, with the keys and
+    values passed separately (a shared layer's come from its source layer)."""
+    (kp, vp), (kn, vn) = prompt_kv, node_kv
+    mask = attention_mask(prompt_query_pos, prompt_pos, prompt_valid, window=self.window)
+    out_p = attend(qp, kp, vp, mask, scale=1.0)
+    tree_mask = ancestors
+    if self.window is not None:
+      tree_mask &= node_pos[:, :, None] - node_pos[:, None, :] < self.window
+    blocks = [(kp, vp, attention_mask(node_pos, prompt_pos, prompt_valid, window=self.window)),
+              (kn, vn, tree_mask)]
+    out_n = attend_blocks(qn, blocks, scale=1.0)
+    return tuple(self.o_proj(o.reshape(o.shape[:2] + (-1,))) for o in (out_p, out_n))
 
 
 class Gemma4Router(nnx.Module):
@@ -338,7 +355,46 @@ class Gemma4CausalLM(CausalLM):
     return hidden, Cache(layers=layers, positions=cache_positions, valid=cache_valid,
                          index=cache.index + t)
 
-  def tree_hidden_states(self, prompt_ids, prompt_mask, node_ids, node_mask, node_path):
-    """Not implemented for Gemma 4 yet: score candidates with packed rows instead."""
-    raise NotImplementedError("Gemma4CausalLM.tree_hidden_states: prefix-tree scoring is not "
-                              "implemented for Gemma 4; use hidden_states with pair_mask")
+  def tree_hidden_states(self, prompt_ids: Array, prompt_mask: Array, node_ids: Array,
+                         node_mask: Array, node_path: Array) -> Array:
+    """As :meth:`CausalLM.tree_hidden_states` (same arguments and result); a shared layer
+    attends over its source layer's prompt and node keys and values."""
+    pmask = self._mask(prompt_ids, prompt_mask)
+    b, tp = pmask.shape
+    if tp < 1:
+      raise ValueError("prompt_ids: expected at least one prompt slot, got 0")
+    if node_ids.ndim != 2 or node_ids.shape[0] != b:
+      raise ValueError(f"node_ids: expected shape [{b}, N], got {node_ids.shape}")
+    n = node_ids.shape[1]
+    if node_mask.shape != (b, n):
+      raise ValueError(f"node_mask: expected shape {(b, n)}, got {node_mask.shape}")
+    if node_path.ndim != 3 or node_path.shape[:2] != (b, n):
+      raise ValueError(f"node_path: expected shape [{b}, {n}, A], got {node_path.shape}")
+    cfg = self.config
+    length = jnp.sum(pmask, axis=-1, dtype=jnp.int32)
+    depth = jnp.sum(node_path >= 0, axis=-1, dtype=jnp.int32) - 1
+    prompt_pos = positions_from_mask(pmask)
+    node_pos = length[:, None] + jnp.maximum(depth, 0)
+    ancestors = jnp.any(node_path[:, :, :, None] == jnp.arange(n)[None, None, None, :], axis=2)
+    xp, xn = self._embed(prompt_ids), self._embed(node_ids)
+    plep, plen = self.per_layer_inputs(prompt_ids, xp), self.per_layer_inputs(node_ids, xn)
+    shared: dict[int, tuple] = {}
+    last = len(self.layers) - 1
+    for i, layer in enumerate(self.layers):
+      hp, hn = layer.attn_norm(xp), layer.attn_norm(xn)
+      qp, qn = layer.attn.project_q(hp, prompt_pos), layer.attn.project_q(hn, node_pos)
+      if layer.attn.shared:
+        prompt_kv, node_kv = shared[cfg.kv_source(i)]
+      else:
+        prompt_kv = layer.attn.project_kv(hp, prompt_pos)
+        node_kv = layer.attn.project_kv(hn, node_pos)
+        shared[i] = (prompt_kv, node_kv)
+      query_pos = prompt_pos
+      if i == last:  # only the last prompt slot predicts a token
+        qp, xp, query_pos = qp[:, -1:], xp[:, -1:], prompt_pos[:, -1:]
+        plep = None if plep is None else plep[:, -1:]
+      ap, an = layer.attn.tree_attend_and_project(qp, qn, prompt_kv, node_kv, query_pos,
+                                                  prompt_pos, pmask, node_pos, ancestors)
+      xp = layer(xp, ap, None if plep is None else plep[:, :, i])
+      xn = layer(xn, an, None if plen is None else plen[:, :, i])
+    return self.norm(jnp.concatenate([xp, xn], axis=1))

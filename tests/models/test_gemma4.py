@@ -379,3 +379,20 @@ def test_sharded_forward_equals_unsharded(pairs):
   with parallel.sharding_rules(mesh):
     out = np.asarray(models.forward(sharded, jnp.asarray(ids), jnp.asarray(mask)))
   np.testing.assert_allclose(out, ref, atol=2e-5, rtol=0)
+
+
+# ---- prefix-tree scoring (harnax.policies.lm) ------------------------------------------------
+@pytest.mark.parametrize("name", ["e", "moe"])
+def test_tree_logits_match_transformers_path_by_path(pairs, name):
+  """A prompt packed with a tree of continuations: every node's logits equal transformers on
+  that root-to-node path as a plain sequence (a branch is deeper than the window)."""
+  from test_tree_attention import _reference_logits
+  from test_tree_attention import _trees
+  _, hf, model = pairs[name]
+  t, rows = _trees()
+  ref = _reference_logits(hf, rows)
+  tree = nnx.jit(lambda m, *a: m.logits(m.tree_hidden_states(*a)))
+  out = np.asarray(tree(model, *(jnp.asarray(t[k]) for k in (
+      "prompt_ids", "prompt_mask", "node_ids", "node_mask", "node_path"))))
+  err = max(np.abs(out[r, slot] - x).max() for (r, slot), x in ref.items())
+  assert err < TOL, err
