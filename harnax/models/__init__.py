@@ -1,4 +1,4 @@
-"""Flax NNX ports of Qwen3, Qwen3-MoE and Gemma 3 (text) with Hugging Face checkpoint I/O.
+"""Flax NNX ports of Qwen3, Qwen3-MoE, Gemma 3 and Gemma 4 (text) with Hugging Face checkpoint I/O.
 
 ```python
 from harnax import models
@@ -20,6 +20,8 @@ from harnax.models.decoding import generate
 from harnax.models.decoding import prefill
 from harnax.models.decoding import sample_token
 from harnax.models.gemma3 import Gemma3Config
+from harnax.models.gemma4 import Gemma4Config
+from harnax.models.gemma4_layers import Gemma4CausalLM
 from harnax.models.hf import CheckpointError
 from harnax.models.hf import abstract_model
 from harnax.models.hf import config_from_hf_dict
@@ -48,6 +50,8 @@ __all__ = [
     "CheckpointError",
     "DecoderConfig",
     "Gemma3Config",
+    "Gemma4CausalLM",
+    "Gemma4Config",
     "Generation",
     "Qwen3Config",
     "Qwen3MoeConfig",
