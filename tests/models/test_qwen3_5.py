@@ -321,3 +321,27 @@ def test_full_size_shapes_match_transformers_param_count(size):
   assert ours == expected
   low, high = {"2b": (1.5e9, 2.3e9), "9b": (8.0e9, 9.7e9)}[size]
   assert low < ours < high
+
+
+# ---- sharding ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_sharded_forward_and_train_step_match_unsharded(tmp_path):
+  """The shared 8-device check (tests/models/sharded_check.py) on a Qwen3.5-MoE checkpoint
+  whose first layer is full attention (the check inspects its q_proj) and second linear."""
+  import subprocess
+  import sys
+  here = os.path.dirname(os.path.abspath(__file__))
+  root = os.path.dirname(os.path.dirname(here))
+  cfg = transformers.Qwen3_5MoeTextConfig(**{
+      **TEXT, "num_hidden_layers": 2, "layer_types": ["full_attention", "linear_attention"]},
+      moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=4,
+      num_experts_per_tok=2)
+  torch.manual_seed(3)
+  path = str(tmp_path / "sharded")
+  perturb(transformers.AutoModelForCausalLM.from_config(cfg), "sharded").save_pretrained(path)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  proc = subprocess.run([sys.executable, os.path.join(here, "sharded_check.py"), path],
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+  assert proc.stdout.count("OK ") == 1, proc.stdout
