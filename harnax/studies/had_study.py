@@ -128,12 +128,16 @@ def render(cfg, result: dict) -> str:
            "are ALFWorld, Qwen3-8B teacher and Qwen3-1.7B student.", ""]
   wins = sum(text_metrics.success([t for s in by.values() for sp in s.values() for t in sp])
              .successes for by in runs.values())
+  teacher_wins = text_metrics.success(
+      [t for s in result["teacher"].values() for sp in s.values() for t in sp]).successes
   if wins == 0:
     lines += ["**The miniature does not reproduce the paper's comparisons: no distilled "
               "student wins a single evaluation game, so every success gap below is 0 and "
-              "none of the paper's orderings can be observed.** The locally built teacher does "
-              "not win either (docs/text_agents.md); the behaviour metrics (utilization, stalls) "
-              "still compare how the students act through the harness.", ""]
+              "none of the paper's orderings can be observed.** "
+              + ("The teacher does not win either (docs/text_agents.md). " if not teacher_wins
+                 else f"The teacher wins {teacher_wins} of its evaluation games. ")
+              + "The behaviour metrics (utilization, stalls) still compare how the students act "
+              "through the harness.", ""]
   lines += ["## Success (%) with the harness and with it removed", ""]
   header = ["model", "with harness / seen", "with harness / unseen", "removed / seen",
             "removed / unseen", "paper (with, seen / unseen)"]

@@ -67,3 +67,7 @@ def test_report_says_plainly_when_nothing_is_won():
   zero = _by([False, False], [False], cfg)
   text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": zero, "student": zero})
   assert "does not reproduce" in text and "0.0 [0, 66] (0/2)" in text
+  assert "The teacher does not win either" in text
+  won = _by([True], [False], cfg)
+  text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
+  assert "The teacher wins 4 of its evaluation games" in text
