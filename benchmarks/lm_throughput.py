@@ -66,6 +66,25 @@ LARGE = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
         query_pre_attn_scalar=256)),
 }
+# Gemma 4: sliding / full layers with their own head dims, proportional RoPE on the full ones,
+# per-layer inputs, KV sharing over the last layers (double-wide MLP there), as the E models.
+_GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0}}
+_GEMMA4_TYPES = (["sliding_attention"] * 4 + ["full_attention"]) * 7
+CONFIGS["gemma4"] = ("Gemma4TextConfig", dict(
+    vocab_size=VOCAB, hidden_size=512, intermediate_size=2048, num_hidden_layers=10,
+    num_attention_heads=4, num_key_value_heads=1, head_dim=256, global_head_dim=512,
+    sliding_window=512, layer_types=_GEMMA4_TYPES[:10], num_kv_shared_layers=4,
+    use_double_wide_mlp=True, hidden_size_per_layer_input=64, vocab_size_per_layer_input=VOCAB,
+    final_logit_softcapping=30.0, rope_parameters=_GEMMA4_ROPE))
+# Gemma 4 E2B's published text config (the language model of google/gemma-4-E2B).
+LARGE["gemma4-e2b"] = ("Gemma4TextConfig", dict(
+    vocab_size=262144, hidden_size=1536, intermediate_size=6144, num_hidden_layers=35,
+    num_attention_heads=8, num_key_value_heads=1, head_dim=256, global_head_dim=512,
+    sliding_window=512, layer_types=_GEMMA4_TYPES, num_kv_shared_layers=20,
+    use_double_wide_mlp=True, hidden_size_per_layer_input=256, vocab_size_per_layer_input=262144,
+    final_logit_softcapping=30.0, rope_parameters=_GEMMA4_ROPE))
 PRESETS = {"100m": CONFIGS, "0.6b-2b": LARGE}
 
 
@@ -157,6 +176,14 @@ def measure_harnax(path: str, batch: int, prompt: int, new: int, decode_batches,
   # Batch-1 decode of an MoE reads only the k routed experts per layer.
   inactive = (cfg.mlp_kinds.count("moe") * (cfg.num_experts - cfg.num_experts_per_tok) * 3 *
               cfg.hidden_size * cfg.moe_intermediate_size * jnp.dtype(dtype).itemsize)
+  # Gemma 4: its MoE block sits beside a dense MLP in every layer, and a token looks up one
+  # row of the per-layer input table.
+  if getattr(cfg, "enable_moe_block", False):
+    inactive += (cfg.num_layers * (cfg.num_experts - cfg.num_experts_per_tok) * 3 *
+                 cfg.hidden_size * cfg.moe_intermediate_size * jnp.dtype(dtype).itemsize)
+  if getattr(cfg, "hidden_size_per_layer_input", 0):
+    inactive += ((cfg.vocab_size_per_layer_input - 1) * cfg.num_layers *
+                 cfg.hidden_size_per_layer_input * jnp.dtype(dtype).itemsize)
   out["active_param_bytes"] = out["param_bytes"] - inactive
   return out
 
@@ -346,7 +373,7 @@ def main():
                      f"{r['peak_mb'] - r['loaded_rss_mb']:.0f} |")
   lines += ["", "Batch-1 decode against the memory-bandwidth bound (bound = bandwidth / bytes of "
             "the parameters one token reads: all of them, except the unrouted experts of an "
-            "MoE):", "",
+            "MoE and the per-layer input rows of other tokens):", "",
             "| model | bytes read / token (MB) | bound tok/s | harnax tok/s | fraction of bound "
             "| transformers fraction |",
             "|---|---|---|---|---|---|"]
