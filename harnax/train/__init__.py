@@ -1,12 +1,16 @@
 """Training (optax): exact policy-gradient ascent on returns computed without sampling, SFT,
-distillation losses (`distill`), and batched agent rollouts in text games (`rollouts`).
+distillation losses (`distill`, HAD's pairs in `had`, the baselines' weights and turn mixing in
+`opd`), the distillation step and loop (`distill_loop`), and batched agent rollouts in text games
+(`rollouts`).
 
 Depends on everything below it: `harnax.core` (exact evaluation), `harnax.harness`,
 `harnax.envs`, `harnax.policies`.
 """
 
 from harnax.train import distill
+from harnax.train import distill_loop
 from harnax.train import had
+from harnax.train import opd
 from harnax.train import rollouts
 from harnax.train.exact_pg import FitResult
 from harnax.train.exact_pg import adam
@@ -29,7 +33,9 @@ from harnax.train.sft import train_sft
 
 __all__ = [
     "distill",
+    "distill_loop",
     "had",
+    "opd",
     "rollouts",
     "FitResult",
     "adam",
