@@ -119,6 +119,13 @@ def test_released_config_layout_equals_transformers_layout(pairs):
   assert plain.layer_kv_head_counts == (2, 2, 2, 2) and plain.layer_head_dims == (8, 16, 8, 16)
 
 
+def test_config_round_trip(pairs):
+  for name in ("e", "moe"):
+    cfg = pairs[name][2].config
+    again = Gemma4Config.from_hf_dict(cfg.to_hf_dict())
+    assert again.replace(hf_extra="{}") == cfg.replace(hf_extra="{}")
+
+
 # ---- parity ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["e", "moe"])
 def test_logits_match_transformers_with_left_padding(pairs, name):
@@ -192,6 +199,21 @@ def test_save_round_trip_through_transformers(pairs, tmp_path, name):
     torch.testing.assert_close(v, orig[k], atol=0, rtol=0)
   ours = models.load_pretrained(out_dir)
   assert ours.config.layer_head_dims == model.config.layer_head_dims
+
+
+def test_bfloat16_load_and_save(pairs, tmp_path):
+  path, hf, _ = pairs["e"]
+  model = models.load_pretrained(path, dtype=jnp.bfloat16)
+  assert model.embed_tokens_per_layer.embedding[...].dtype == jnp.bfloat16
+  ids, mask = padded_batch(seed=13, length=9)
+  logits = models.forward(model, jnp.asarray(ids), jnp.asarray(mask))
+  assert logits.dtype == jnp.float32
+  # bf16 weights and activations: only a loose agreement is expected.
+  assert max_err(logits, hf_logits(hf, ids, mask), mask) < 0.25
+  models.save_pretrained(model, str(tmp_path / "bf16"))
+  hf_bf16 = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16"),
+                                                              dtype=torch.bfloat16)
+  assert next(hf_bf16.parameters()).dtype == torch.bfloat16
 
 
 def test_multimodal_checkpoint_loads_its_language_model(pairs, tmp_path):
