@@ -52,6 +52,22 @@ CONFIGS = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
         query_pre_attn_scalar=256)),
 }
+# Qwen3.5: Gated DeltaNet layers, every 4th layer gated full attention (partial RoPE).
+_QWEN35_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                "mrope_section": [11, 11, 10], "mrope_interleaved": True}
+CONFIGS["qwen3_5"] = ("Qwen3_5TextConfig", dict(
+    vocab_size=VOCAB, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+    num_attention_heads=8, num_key_value_heads=2, head_dim=128, linear_num_key_heads=8,
+    linear_num_value_heads=16, linear_key_head_dim=64, linear_value_head_dim=64,
+    tie_word_embeddings=True,
+    rope_parameters=dict(_QWEN35_ROPE, mrope_section=[4, 6, 6])))
+CONFIGS["qwen3_5_moe"] = ("Qwen3_5MoeTextConfig", dict(
+    vocab_size=VOCAB, hidden_size=512, moe_intermediate_size=512,
+    shared_expert_intermediate_size=512, num_hidden_layers=8, num_attention_heads=8,
+    num_key_value_heads=2, head_dim=128, num_experts=16, num_experts_per_tok=4,
+    linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+    linear_value_head_dim=64, tie_word_embeddings=True,
+    rope_parameters=dict(_QWEN35_ROPE, mrope_section=[4, 6, 6])))
 
 
 _QWEN3_FULL = dict(head_dim=128, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
@@ -66,6 +82,14 @@ LARGE = {
         num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
         query_pre_attn_scalar=256)),
 }
+_QWEN35_FULL = dict(vocab_size=248320, head_dim=256, linear_key_head_dim=128,
+                    linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=16,
+                    num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=24,
+                    tie_word_embeddings=True, rope_parameters=_QWEN35_ROPE)
+LARGE["qwen3.5-0.8b"] = ("Qwen3_5TextConfig", dict(_QWEN35_FULL, hidden_size=1024,
+                                                   intermediate_size=3584))
+LARGE["qwen3.5-2b"] = ("Qwen3_5TextConfig", dict(_QWEN35_FULL, hidden_size=2048,
+                                                 intermediate_size=6144))
 # Gemma 4: sliding / full layers with their own head dims, proportional RoPE on the full ones,
 # per-layer inputs, KV sharing over the last layers (double-wide MLP there), as the E models.
 _GEMMA4_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
@@ -241,6 +265,67 @@ def measure_torch(path: str, batch: int, prompt: int, new: int, decode_batches, 
   return out
 
 
+def measure_scaling(path: str, lengths, new: int, repeats: int) -> dict:
+  """harnax prefill time (batch 1) and decode time per token against the context length, for
+  the checkpoint's own layer types and for the same weights with every layer linear (Gated
+  DeltaNet): the linear layers' decode state has a fixed size, so only attention layers make
+  decode slower as the context grows."""
+  from flax import nnx
+  import jax
+  import jax.numpy as jnp
+
+  from harnax import models
+  from harnax.models import decoding as gen
+
+  model = models.load_pretrained(path)
+  cfg = model.config
+  linear = models.CausalLM(cfg.replace(layer_types=("linear_attention",) * cfg.num_layers))
+  rng = np.random.RandomState(0)
+  out = {}
+  for name, m in (("hybrid", model), ("linear", linear)):
+    graphdef, state = nnx.split(m)
+    for length in lengths:
+      ids = jnp.asarray(rng.randint(0, cfg.vocab_size, (1, length)), jnp.int32)
+      mask = jnp.ones_like(ids)
+
+      def run_prefill():
+        logits, cache = gen.prefill(graphdef, state, ids, mask, m.init_cache(1, length + new))
+        jax.block_until_ready((logits, cache))
+        return logits, cache
+
+      run_prefill()  # compile
+      if name == "hybrid":
+        out[f"prefill_s_{length}"] = _timeit(run_prefill, repeats)
+
+      def run_decode():
+        logits, cache = run_prefill()
+        t0 = time.perf_counter()
+        res, _ = gen.decode(jax.random.key(0), graphdef, state, cache, logits,
+                            max_new_tokens=new)
+        res.tokens.block_until_ready()
+        return (time.perf_counter() - t0) / new
+
+      run_decode()  # compile
+      out[f"{name}_decode_s_{length}"] = min(run_decode() for _ in range(repeats))
+  return out
+
+
+def scaling_report(res: dict, lengths) -> list[str]:
+  """Markdown lines: prefill time and its fitted power of the length, decode ms per token."""
+  prefill = np.array([res[f"prefill_s_{n}"] for n in lengths])
+  slope = np.polyfit(np.log(lengths), np.log(prefill), 1)[0]
+  lines = ["", "Qwen3.5 (`qwen3_5` model, harnax, batch 1): prefill time against the prompt "
+           f"length, fitted `time ~ length^p`: **p = {slope:.2f}** (linear: 1). Decode time per "
+           "token with the context filled to that length, for the model's hybrid stack (1 layer "
+           "in 4 full attention) and for the same weights with every layer Gated DeltaNet:", "",
+           "| context | prefill s | prefill tok/s | decode ms/token, hybrid | decode ms/token, "
+           "all linear |", "|---|---|---|---|---|"]
+  for n, t in zip(lengths, prefill):
+    lines.append(f"| {n} | {t:.3f} | {n / t:.0f} | {1e3 * res[f'hybrid_decode_s_{n}']:.1f} | "
+                 f"{1e3 * res[f'linear_decode_s_{n}']:.1f} |")
+  return lines
+
+
 def memory_bandwidth_gbs(nbytes: int = 512 * 1024**2, repeats: int = 5) -> float:
   """Copy bandwidth (read + write bytes per second) of a large numpy array, in GB/s."""
   src = np.ones(nbytes // 8, np.float64)
@@ -250,6 +335,10 @@ def memory_bandwidth_gbs(nbytes: int = 512 * 1024**2, repeats: int = 5) -> float
 
 
 def _child(args):
+  if args.child == "scaling":
+    res = measure_scaling(args.path, args.lengths, args.new, args.repeats)
+    print("RESULT " + json.dumps(res))
+    return
   fn = measure_harnax if args.child == "harnax" else measure_torch
   res = fn(args.path, args.batch, args.prompt, args.new, args.decode_batches, args.repeats,
            dtype=args.dtype, torch_device=args.torch_device)
@@ -261,7 +350,7 @@ def _run_child(framework, path, args) -> dict:
          "--batch", str(args.batch), "--prompt", str(args.prompt), "--new", str(args.new),
          "--repeats", str(args.repeats), "--dtype", args.dtype,
          "--torch-device", args.torch_device, "--decode-batches",
-         *[str(b) for b in args.decode_batches]]
+         *[str(b) for b in args.decode_batches], "--lengths", *[str(n) for n in args.lengths]]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
   for line in proc.stdout.splitlines():
@@ -287,7 +376,11 @@ def main():
   p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 8])
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
-  p.add_argument("--child", choices=["harnax", "torch"], help=argparse.SUPPRESS)
+  p.add_argument("--scaling", action="store_true",
+                 help="also time Qwen3.5 prefill and decode against the context length")
+  p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096],
+                 help="context lengths of --scaling")
+  p.add_argument("--child", choices=["harnax", "torch", "scaling"], help=argparse.SUPPRESS)
   p.add_argument("--path", help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.child:
@@ -306,6 +399,7 @@ def main():
   if args.quick:
     args.batch, args.prompt, args.new, args.repeats = 1, 16, 4, 1
     args.decode_batches = [1]
+    args.lengths = [32, 64, 128, 256]
 
   # Sampled before and after every measurement: the run itself keeps up to os.cpu_count()
   # threads busy, so a higher value means other processes shared the CPUs.
@@ -322,6 +416,12 @@ def main():
       loads.append(os.getloadavg()[0])
       rows.append((family, n_params, ours, ref))
       print(family, n_params, ours, ref, flush=True)
+    scaling = None
+    if args.scaling:
+      path = os.path.join(tmp, "qwen3_5_scaling")
+      build_checkpoint("qwen3_5", path, "100m")
+      scaling = _run_child("scaling", path, args)
+      print("scaling", scaling, flush=True)
 
   devices = sorted({r[2]["device"] for r in rows} | {r[3]["device"] for r in rows})
   on_cpu = all(r[2]["device"].startswith("jax cpu") and r[3]["device"] == "torch cpu"
@@ -384,6 +484,8 @@ def main():
     lines.append(f"| {family} | {ours['active_param_bytes'] / 1e6:.0f} | {bound:.1f} | "
                  f"{ours['decode_b1_tok_s']:.1f} | {ours['decode_b1_tok_s'] / bound:.2f} | "
                  f"{ref['decode_b1_tok_s'] / bound:.2f} |")
+  if scaling is not None:
+    lines += scaling_report(scaling, args.lengths)
   text = "\n".join(lines) + "\n"
   os.makedirs(os.path.dirname(out_path), exist_ok=True)
   with open(out_path, "w") as f:

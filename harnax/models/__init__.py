@@ -1,4 +1,5 @@
-"""Flax NNX ports of Qwen3, Qwen3-MoE, Gemma 3 and Gemma 4 (text) with Hugging Face checkpoint I/O.
+"""Flax NNX ports of Qwen3, Qwen3-MoE, Qwen3.5 (dense, MoE), Gemma 3 and Gemma 4 (text) with
+Hugging Face checkpoint I/O.
 
 ```python
 from harnax import models
@@ -40,6 +41,8 @@ from harnax.models.model import forward
 from harnax.models.model import param_count
 from harnax.models.model import positions_from_mask
 from harnax.models.qwen3 import Qwen3Config
+from harnax.models.qwen3_5 import Qwen35Config
+from harnax.models.qwen3_5 import Qwen35MoeConfig
 from harnax.models.qwen3_moe import Qwen3MoeConfig
 from harnax.models.tokenizer import Tokenizer
 
@@ -54,6 +57,8 @@ __all__ = [
     "Gemma4Config",
     "Generation",
     "Qwen3Config",
+    "Qwen35Config",
+    "Qwen35MoeConfig",
     "Qwen3MoeConfig",
     "RopeConfig",
     "SpanScore",
