@@ -24,17 +24,17 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.game = game
   config.task_types = alfworld.TASK_TYPES if game == "alfworld" else scienceworld.TASK_NAMES
-  config.per_type = 12          # seen tasks per type whose walkthroughs are the training data
+  config.per_type = 24          # seen tasks per type whose walkthroughs are the training data
   config.task_seed = 0          # alfworld.tasks(..., seed=)
   config.max_steps = 50         # ALFWorld's usual step limit
-  config.window = 2             # recent turns shown in the context (the record keeps the rest)
+  config.window = 1             # recent turns shown in the context (the record keeps the rest)
   config.seed = 0
   config.agent_dir = f"results/text_agents/{game}-teacher"   # where build_agent writes it
   config.checkpoint = None      # an existing HF model directory to evaluate instead (no build)
   config.output_dir = f"results/text_agents/{game}"
 
   config.tokenizer = ml_collections.ConfigDict()
-  config.tokenizer.vocab_size = 1024
+  config.tokenizer.vocab_size = 2048  # an upper bound: ALFWorld's words need about 900
   config.tokenizer.min_frequency = 2
   # Words and whole numbers as tokens: "cabinet 10" is the same two tokens in the record, in a
   # thought and in a command, so the agent copies names token for token.
@@ -54,8 +54,8 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.model.init_std = 0.08
 
   config.sft = ml_collections.ConfigDict()
-  config.sft.num_steps = 1500
-  config.sft.batch_size = 8
+  config.sft.num_steps = 700
+  config.sft.batch_size = 16
   config.sft.learning_rate = 3e-3
   config.sft.warmup_steps = 50
   config.sft.weight_decay = 0.0
