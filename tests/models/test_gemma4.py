@@ -13,6 +13,7 @@ model sizes; none from harnax. Two tiny configs cover every layer type and featu
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -182,6 +183,26 @@ def test_chunked_prefill_equals_forward(pairs):
   _, cache = step(model, jnp.asarray(ids[:, :7]), jnp.asarray(mask[:, :7]), cache)
   logits, cache = step(model, jnp.asarray(ids[:, 7:]), jnp.asarray(mask[:, 7:]), cache)
   assert max_err(logits, ref[:, 7:], mask[:, 7:]) < 2e-5
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled program")
+def test_decode_step_updates_the_cache_in_place(pairs):
+  """A shared layer reads its source's freshly written cache: XLA must still update every
+  cache buffer in place (as tests/models/test_cache_layout.py checks for the other families)."""
+  model = pairs["e"][2]
+  graphdef, state = nnx.split(model)
+
+  @functools.partial(jax.jit, donate_argnums=(1,))
+  def decode_step(state, cache, tok):
+    return nnx.merge(graphdef, state).decode_step(tok, cache=cache)
+
+  for batch in (1, 2):
+    cache = model.init_cache(batch, 256)
+    hlo = decode_step.lower(state, cache, jnp.ones((batch,), jnp.int32)).compile().as_text()
+    shapes = {layer.k.shape for layer in cache.layers if layer is not None}
+    for shape in shapes:
+      dims = ",".join(map(str, shape))
+      assert not re.findall(r"= f32\[%s\]\{[^}]*\} copy\(" % dims, hlo), (batch, shape)
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
