@@ -66,6 +66,9 @@ class Qwen35Config(DecoderConfig):
   """Qwen3.5 dense text config (HF ``Qwen3_5TextConfig``, model_type ``qwen3_5_text``)."""
 
   SUPPORTED_LAYER_TYPES: ClassVar[tuple[str, ...]] = ("full_attention", "linear_attention")
+  # A recurrent layer reads one sequence in order, not a prefix tree: candidate scoring
+  # (harnax.policies.lm) continues a KV/state cache per candidate instead.
+  supports_tree: ClassVar[bool] = False
 
   linear_conv_kernel_dim: int = 4
   linear_key_head_dim: int = 128

@@ -413,19 +413,53 @@ def check_reachable(decode_table, available, *, action_names: Sequence[str] | No
 
 
 def _expand_cache(cache, copies: int):
-  """The cache of `B` prompts repeated `copies` times per row: `B * copies` rows."""
+  """The cache of `B` prompts repeated `copies` times per row: `B * copies` rows.
+
+  Attention layers' keys and values are repeated in their storage layout; a layer with
+  another state (a recurrent layer's batch-leading arrays) is repeated along its leading
+  axis; a `None` entry (a KV-shared layer that reads another layer's cache) stays `None`.
+  """
   b = cache.valid.shape[0]
+  rep2 = lambda x: jnp.repeat(x, copies, axis=0)
   layers = []
   for layer in cache.layers:
+    if layer is None:
+      layers.append(None)
+      continue
+    if not isinstance(layer, model_lib.AttentionCache):
+      layers.append(jax.tree.map(rep2, layer))
+      continue
     k, v = layer.heads(b)                                   # [B, K, L, D]
     kv, length, d = k.shape[1], k.shape[2], k.shape[3]
     shape = type(layer).storage_shape(batch=b * copies, kv_heads=kv, length=length,
                                       head_dim=d)
     rep = lambda x: jnp.broadcast_to(x[:, None], (b, copies) + x.shape[1:]).reshape(shape)
     layers.append(layer.replace(k=rep(k), v=rep(v)))
-  rep2 = lambda x: jnp.repeat(x, copies, axis=0)
   return cache.replace(layers=tuple(layers), positions=rep2(cache.positions),
                        valid=rep2(cache.valid), index=cache.index)
+
+
+def supports_tree(model) -> bool:
+  """Whether `model` can run the prefix-tree forward (`CausalLM.tree_hidden_states`).
+
+  A family whose config sets `supports_tree = False` (Qwen3.5: its recurrent layers read
+  one sequence in order) is scored per candidate from a prompt cache instead.
+  """
+  return bool(getattr(model.config, "supports_tree", True))
+
+
+def tree_candidates(tree: CandidateTree) -> CandidateTokens:
+  """The right-padded candidate tokens `[R, O, D]` of a packed tree (traceable).
+
+  Candidate `o` is the node path of its last node; padding candidates have no token.
+  """
+  path = jnp.take_along_axis(tree.node_path, jnp.maximum(tree.output_node, 0)[..., None],
+                             axis=1)                                          # [R, O, D]
+  mask = (path >= 0) & tree.candidate_mask[..., None]
+  ids = jnp.take_along_axis(tree.node_ids[:, None, :], jnp.maximum(path, 0), axis=-1)
+  return pytree.unvalidated(CandidateTokens, prompt_ids=tree.prompt_ids,
+                            prompt_mask=tree.prompt_mask, output_ids=jnp.where(mask, ids, 0),
+                            output_mask=mask)
 
 
 def candidate_log_probs(model, tree: CandidateTree, *, temperature: float = 1.0) -> Array:
@@ -442,6 +476,11 @@ def candidate_log_probs(model, tree: CandidateTree, *, temperature: float = 1.0)
       `pack_candidates`; concrete `CandidateTokens` are packed here.
     temperature: the sampling temperature the probabilities refer to.
   """
+  if not supports_tree(model):
+    # Exact, without sharing prefixes across candidates: one prefill per prompt, then each
+    # candidate continues its own copy of the cache (a recurrent state cannot branch).
+    tokens = tree if isinstance(tree, CandidateTokens) else tree_candidates(tree)
+    return candidate_log_probs_cached(model, tokens, temperature=temperature)
   if isinstance(tree, CandidateTokens):  # concrete token arrays: pack them here
     tree = pack_candidates(tree)
   hidden = model.tree_hidden_states(tree.prompt_ids, tree.prompt_mask, tree.node_ids,
@@ -468,7 +507,8 @@ def candidate_log_probs_cached(model, tokens: CandidateTokens, *,
   """`candidate_log_probs` from a KV cache: one prefill per prompt, then all `O`
   candidates continue from a copy of its cache (`[R * O]` rows). Same values; more memory
   traffic than the packed tree (the cache is copied per candidate, shared prefixes are
-  scored once per candidate). Kept for the benchmark.
+  scored once per candidate). Kept for the benchmark; `candidate_log_probs` falls back to it
+  for families without the tree forward (`supports_tree`).
   """
   r, tp = tokens.prompt_ids.shape
   o, tc = tokens.output_ids.shape[-2:]
