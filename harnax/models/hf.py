@@ -200,7 +200,8 @@ def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
       text_name = text_tensor_name(name, multimodal)
       if text_name is not None:
         present[text_name] = shape
-  problems = check_checkpoint(m, present, tied=cfg.tie_word_embeddings)
+  present, fused, problems = m.unfuse(present)
+  problems += check_checkpoint(m, present, tied=cfg.tie_word_embeddings)
   if problems:
     raise CheckpointError(path, problems)
 
@@ -219,8 +220,17 @@ def load_pretrained(path: str, *, dtype=jnp.float32, mesh=None, rules=None,
   for file in files:
     file_names = {n: text_tensor_name(n, multimodal)
                   for n in safetensors_io.tensor_shapes(os.path.join(path, file))}
-    names = [n for n, text_name in file_names.items() if text_name in expected]
+    names = [n for n, text_name in file_names.items()
+             if text_name in expected or text_name in fused]
     for name, tensor in safetensors_io.iter_tensors(os.path.join(path, file), names):
+      if file_names[name] in fused:  # several stacked params at once: slice each out
+        rule, _ = m.fused_parts(file_names[name])
+        for path_s, start, stop in fused[file_names[name]]:
+          part = np.take(tensor, np.arange(start, stop), axis=rule.axis)
+          converted = safetensors_io.aligned_empty(part.shape, np_dtype)
+          converted[...] = part
+          place(path_s, converted)
+        continue
       target = expected[file_names[name]]
       array = mapping.from_hf(tensor, target.transform)
       if target.expert is None:

@@ -4,6 +4,10 @@ One table per family, used in both directions. Patterns use two placeholders: ``
 (decoder layer index, same on both sides) and ``{expert}`` (only on the HF side: the HF
 checkpoint stores one tensor per expert, we store them stacked on a leading expert axis).
 
+A ``FusedRule`` in a table names one HF tensor that holds several of our stacked params at
+once (``experts.gate_up_proj [E, 2I, H]`` = gate and up, concatenated); loading accepts it in
+place of the per-expert tensors, saving writes the per-expert form.
+
 Transforms are named, not lambdas, so the table can be printed in the docs: ``identity`` or
 ``transpose``. Our kernels keep the HF ``nn.Linear`` layout ``[out, in]``, so the current
 families only use ``identity``; ``transpose`` stays for layouts that differ.
@@ -59,6 +63,24 @@ def path_str(path: tuple) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class FusedRule:
+  """One HF tensor holding our stacked params ``parts``, concatenated along ``axis``.
+
+  Attributes:
+    hf: the HF name pattern (``{layer}`` only: the tensor covers every expert).
+    parts: our param paths (``{layer}``), in their order inside the HF tensor.
+    axis: the axis of the HF tensor (= of our stacked params) along which they follow.
+  """
+
+  hf: str
+  parts: tuple[str, ...]
+  axis: int
+
+  def hf_regex(self) -> re.Pattern:
+    return _compile(self.hf)
+
+
+@dataclasses.dataclass(frozen=True)
 class Target:
   """Where one HF tensor goes: our param path, optional expert slot, transform."""
 
@@ -70,9 +92,11 @@ class Target:
 class Mapping:
   """A family's rule table bound to the parameter paths of one model instance."""
 
-  def __init__(self, rules: Iterable[Rule], param_shapes: dict[str, tuple[int, ...]],
+  def __init__(self, rules: Iterable[Rule | FusedRule], param_shapes: dict[str, tuple[int, ...]],
                ignore: Iterable[str] = ()):
-    self.rules = tuple(rules)
+    rules = tuple(rules)
+    self.rules = tuple(r for r in rules if isinstance(r, Rule))
+    self.fused_rules = tuple(r for r in rules if isinstance(r, FusedRule))
     for r in self.rules:
       if r.transform not in TRANSFORMS:
         raise ValueError(f"Rule {r.hf!r}: transform must be one of {TRANSFORMS}")
@@ -110,6 +134,56 @@ class Mapping:
     if target.expert is not None:
       shape = shape[1:]
     return tuple(reversed(shape)) if target.transform == "transpose" else tuple(shape)
+
+  def fused_parts(self, name: str) -> tuple[FusedRule, list[str]] | None:
+    """The fused rule an HF tensor name matches and the param paths it holds, else None."""
+    for rule in self.fused_rules:
+      m = rule.hf_regex().match(name)
+      if m:
+        paths = [p.format(**m.groupdict()) for p in rule.parts]
+        if all(p in self.param_shapes for p in paths):
+          return rule, paths
+    return None
+
+  def unfuse(self, present: dict[str, tuple[int, ...]]
+             ) -> tuple[dict[str, tuple[int, ...]], dict[str, list[tuple[str, int, int]]],
+                        list[str]]:
+    """Fused tensors of a checkpoint replaced by the per-expert names they stand for.
+
+    Args:
+      present: HF name -> shape of every tensor in the checkpoint.
+
+    Returns:
+      ``(present, fused, problems)``: the names as if stored per expert; for each fused name
+      the ``(param path, start, stop)`` slices along its rule's axis; and its problems (a
+      fused tensor of the wrong shape, a param given both fused and per expert).
+    """
+    present = dict(present)
+    fused, problems = {}, []
+    expected = self.expected()
+    for name in sorted(present):
+      found = self.fused_parts(name)
+      if found is None:
+        continue
+      rule, paths = found
+      shape = present.pop(name)
+      shapes = [self.param_shapes[p] for p in paths]
+      want = list(shapes[0])
+      want[rule.axis] = sum(s[rule.axis] for s in shapes)
+      if tuple(shape) != tuple(want):
+        problems.append(f"wrong shape for {name}: expected {want} ({', '.join(paths)} "
+                        f"concatenated along axis {rule.axis}), got {list(shape)}")
+      slices, start = [], 0
+      for p, s in zip(paths, shapes):
+        slices.append((p, start, start + s[rule.axis]))
+        start += s[rule.axis]
+      fused[name] = slices
+      for hf_name, target in expected.items():
+        if target.path in paths:
+          if hf_name in present:
+            problems.append(f"tensor {hf_name} is given twice: per expert and in {name}")
+          present[hf_name] = self.hf_shape(target)
+    return present, fused, problems
 
   def is_ignored(self, name: str) -> bool:
     return any(p.search(name) for p in self.ignore)
@@ -152,6 +226,16 @@ def moe_rules() -> list[Rule]:
   for proj in ("gate_proj", "up_proj", "down_proj"):
     rules.append(Rule(f"{layer}.experts.{{expert}}.{proj}.weight", f"{ours}.{proj}"))
   return rules
+
+
+def fused_moe_rules() -> list[FusedRule]:
+  """The fused expert tensors of transformers' MoE layout (``experts.gate_up_proj [E, 2I, H]``,
+  gate rows first; ``experts.down_proj [E, H, I]``), as the released checkpoints store them."""
+  layer = "model.layers.{layer}.mlp"
+  ours = "layers.{layer}.mlp"
+  return [FusedRule(f"{layer}.experts.gate_up_proj", (f"{ours}.gate_proj", f"{ours}.up_proj"),
+                    axis=1),
+          FusedRule(f"{layer}.experts.down_proj", (f"{ours}.down_proj",), axis=1)]
 
 
 # Tensors some checkpoints carry that are derived, not parameters.

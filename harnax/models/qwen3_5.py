@@ -385,8 +385,12 @@ class Qwen35DecoderLayer(nnx.Module):
 # ---------------------------------------------------------------------------------------------
 # Checkpoint rules
 # ---------------------------------------------------------------------------------------------
-def rules(cfg: DecoderConfig) -> list[mapping.Rule]:
-  """HF tensor names <-> ours. Only ``conv1d.weight`` is renamed beyond the module paths."""
+def rules(cfg: DecoderConfig) -> list[mapping.Rule | mapping.FusedRule]:
+  """HF tensor names <-> ours. Only ``conv1d.weight`` is renamed beyond the module paths.
+
+  The MoE experts load per expert (as transformers saves them) or fused (as the released
+  checkpoints store them); they save per expert.
+  """
   layer, ours = "model.layers.{layer}", "layers.{layer}"
   out = mapping.common_rules(post_attn_name="mlp_norm")
   lin, our_lin = f"{layer}.linear_attn", f"{ours}.linear_attn"
@@ -400,6 +404,7 @@ def rules(cfg: DecoderConfig) -> list[mapping.Rule]:
   ]
   if "moe" in cfg.mlp_kinds:
     out += mapping.moe_rules()
+    out += mapping.fused_moe_rules()  # released checkpoints: the experts fused
     for proj in ("gate_proj", "up_proj", "down_proj"):
       out.append(mapping.Rule(f"{layer}.mlp.shared_expert.{proj}.weight",
                               f"{ours}.mlp.shared_expert.{proj}.kernel"))

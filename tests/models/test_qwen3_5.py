@@ -346,3 +346,35 @@ def test_sharded_forward_and_train_step_match_unsharded(tmp_path):
                         env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
   assert proc.stdout.count("OK ") == 1, proc.stdout
+
+
+def test_fused_expert_checkpoint_loads_and_wrong_fused_shape_is_named(pairs, tmp_path):
+  """The released MoE checkpoints store the experts fused, as transformers holds them in
+  memory (`experts.gate_up_proj [E, 2I, H]`, `experts.down_proj [E, H, I]`): a checkpoint
+  written from transformers' own state dict loads and gives transformers' logits."""
+  from harnax.models import safetensors_io
+  hf, path, _ = pairs("moe")
+  tensors = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+  fused = "model.layers.0.mlp.experts.gate_up_proj"
+  assert tensors[fused].shape == (6, 2 * 16, 32)
+  assert tensors["model.layers.0.mlp.experts.down_proj"].shape == (6, 32, 16)
+  assert not any(".experts.0." in k for k in tensors)
+  out = tmp_path / "fused"
+  out.mkdir()
+  safetensors_io.write(str(out / "model.safetensors"), tensors)
+  with open(os.path.join(path, "config.json")) as f:
+    (out / "config.json").write_text(f.read())
+  model = models.load_pretrained(str(out))
+  ids, mask = batch(seed=4, length=20, pads=(0, 6))
+  ref = hf_logits(hf, ids, mask)
+  got = np.asarray(models.forward(model, jnp.asarray(ids), jnp.asarray(mask)))
+  real = mask.astype(bool)
+  np.testing.assert_array_less(np.abs(got - ref)[real].max(), TOL)
+
+  tensors[fused] = tensors[fused][:, 1:]
+  safetensors_io.write(str(out / "model.safetensors"), tensors)
+  with pytest.raises(models.CheckpointError) as err:
+    models.load_pretrained(str(out))
+  problems = "\n".join(err.value.problems)
+  assert f"wrong shape for {fused}: expected [6, 32, 32]" in problems
+  assert len(err.value.problems) == 1, problems
