@@ -271,11 +271,25 @@ class Gemma4CausalLM(CausalLM):
   def per_layer_inputs(self, input_ids: Array, x: Array) -> Array | None:
     """The per-layer inputs [B, T, layers, P] of tokens ``input_ids`` with scaled embeddings
     ``x`` [B, T, hidden]: ``(norm(proj(x) / sqrt(hidden)) + emb_pl(ids) * sqrt(P)) / sqrt(2)``;
-    None for a model without them."""
+    None for a model without them.
+
+    The per-layer table has ``vocab_size_per_layer_input`` rows, which may be fewer than the
+    vocabulary. Raises ValueError for an id outside it when ``input_ids`` is concrete; under
+    ``jit`` it cannot be checked: such a token's per-layer input is NaN, and so are the logits
+    of its whole sequence.
+    """
     cfg = self.config
     p = cfg.hidden_size_per_layer_input
     if not p:
       return None
+    if not isinstance(input_ids, jax.core.Tracer):
+      ids = np.asarray(input_ids)
+      limit = cfg.vocab_size_per_layer_input
+      bad = (ids < 0) | (ids >= limit)
+      if ids.size and bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"input_ids: expected ids in [0, vocab_size_per_layer_input={limit}) "
+                         f"(the per-layer embedding table), got {int(ids[where])} at {where}")
     shape = input_ids.shape + (cfg.num_layers, p)
     emb = self.embed_tokens_per_layer(input_ids)
     emb = emb * jnp.asarray(math.sqrt(p), dtype=emb.dtype)

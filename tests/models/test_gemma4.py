@@ -477,3 +477,22 @@ def test_tree_logits_match_transformers_path_by_path(pairs, name):
       "prompt_ids", "prompt_mask", "node_ids", "node_mask", "node_path"))))
   err = max(np.abs(out[r, slot] - x).max() for (r, slot), x in ref.items())
   assert err < TOL, err
+
+
+def test_ids_beyond_the_per_layer_table_are_refused_when_concrete(pairs):
+  # Released "E" models have fewer per-layer rows than vocabulary entries.
+  limit = VOCAB - 8
+  cfg = pairs["e"][2].config.replace(vocab_size_per_layer_input=limit)
+  model = models.from_config(cfg, seed=0)
+  ids = np.full((2, 5), 7, np.int32)
+  ids[1, 3] = limit + 2  # a real vocabulary id, outside the per-layer table
+  with pytest.raises(ValueError, match=rf"input_ids: .*vocab_size_per_layer_input={limit}\)"
+                                       rf".*got {limit + 2} at \(1, 3\)"):
+    model(jnp.asarray(ids))
+  cache = model.init_cache(2, 8)
+  with pytest.raises(ValueError, match="vocab_size_per_layer_input"):
+    model.prefill(jnp.asarray(ids), cache=cache)
+  # Under jit nothing can be checked (documented): the bad token's sequence gets NaN logits
+  # (a NaN key or value reaches every query through the masked matmul), the other row not.
+  out = np.asarray(models.forward(model, jnp.asarray(ids)))
+  assert np.isfinite(out[0]).all() and np.isnan(out[1, 3]).all()
