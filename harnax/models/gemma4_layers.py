@@ -39,7 +39,6 @@ from harnax.models.layers import rope_frequencies
 from harnax.models.model import AttentionCache
 from harnax.models.model import Cache
 from harnax.models.model import CausalLM
-from harnax.models.model import positions_from_mask
 from harnax.models.moe import MOE_IMPLS
 from harnax.models.moe import check_moe_impl
 from harnax.models.moe import choose_moe_impl
@@ -330,13 +329,7 @@ class Gemma4CausalLM(CausalLM):
   def hidden_states(self, input_ids: Array, attention_mask: Array | None = None, *,
                     positions: Array | None = None, pair_mask: Array | None = None) -> Array:
     """As :meth:`CausalLM.hidden_states`."""
-    mask = self._mask(input_ids, attention_mask)
-    positions = positions_from_mask(mask) if positions is None else positions
-    if positions.shape != mask.shape:
-      raise ValueError(f"positions: expected shape {mask.shape}, got {positions.shape}")
-    if pair_mask is not None and pair_mask.shape != mask.shape + mask.shape[-1:]:
-      raise ValueError(f"pair_mask: expected shape {mask.shape + mask.shape[-1:]}, got "
-                       f"{pair_mask.shape}")
+    mask, positions = self._plain_inputs(input_ids, attention_mask, positions, pair_mask)
     hidden, _ = self._stack(input_ids, positions, mask, kv_pos=positions, kv_valid=mask,
                             pair_mask=pair_mask)
     return hidden
@@ -344,25 +337,9 @@ class Gemma4CausalLM(CausalLM):
   def hidden_states_with_cache(self, input_ids: Array, attention_mask: Array | None = None, *,
                                cache: Cache) -> tuple[Array, Cache]:
     """As :meth:`CausalLM.hidden_states_with_cache`."""
-    mask = self._mask(input_ids, attention_mask)
-    b, t = input_ids.shape
-    if b != cache.valid.shape[0]:
-      raise ValueError(f"input_ids: batch size {b} differs from the cache's "
-                       f"{cache.valid.shape[0]}")
-    if t > cache.max_length:
-      raise ValueError(f"input_ids: {t} tokens do not fit a cache of max_length "
-                       f"{cache.max_length}")
-    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + t > cache.max_length:
-      raise ValueError(f"input_ids: {t} more tokens after {int(cache.index)} do not fit a "
-                       f"cache of max_length {cache.max_length}")
-    if len(cache.layers) != self.config.num_layers:
-      raise ValueError(f"cache: expected {self.config.num_layers} layers, got "
-                       f"{len(cache.layers)}")
-    start = jnp.sum(cache.valid, axis=1).astype(jnp.int32)
-    positions = positions_from_mask(mask, start=start)
-    zero = jnp.zeros((), jnp.int32)
-    cache_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (zero, cache.index))
-    cache_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (zero, cache.index))
+    mask, positions, cache_positions, cache_valid = self._cache_inputs(input_ids,
+                                                                       attention_mask, cache)
+    t = input_ids.shape[1]
     hidden, layers = self._stack(input_ids, positions, mask, kv_pos=cache_positions,
                                  kv_valid=cache_valid, cache_layers=cache.layers,
                                  index=cache.index)
@@ -373,23 +350,9 @@ class Gemma4CausalLM(CausalLM):
                          node_mask: Array, node_path: Array) -> Array:
     """As :meth:`CausalLM.tree_hidden_states` (same arguments and result); a shared layer
     attends over its source layer's prompt and node keys and values."""
-    pmask = self._mask(prompt_ids, prompt_mask)
-    b, tp = pmask.shape
-    if tp < 1:
-      raise ValueError("prompt_ids: expected at least one prompt slot, got 0")
-    if node_ids.ndim != 2 or node_ids.shape[0] != b:
-      raise ValueError(f"node_ids: expected shape [{b}, N], got {node_ids.shape}")
-    n = node_ids.shape[1]
-    if node_mask.shape != (b, n):
-      raise ValueError(f"node_mask: expected shape {(b, n)}, got {node_mask.shape}")
-    if node_path.ndim != 3 or node_path.shape[:2] != (b, n):
-      raise ValueError(f"node_path: expected shape [{b}, {n}, A], got {node_path.shape}")
+    pmask, prompt_pos, node_pos, ancestors = self._tree_inputs(prompt_ids, prompt_mask,
+                                                               node_ids, node_mask, node_path)
     cfg = self.config
-    length = jnp.sum(pmask, axis=-1, dtype=jnp.int32)
-    depth = jnp.sum(node_path >= 0, axis=-1, dtype=jnp.int32) - 1
-    prompt_pos = positions_from_mask(pmask)
-    node_pos = length[:, None] + jnp.maximum(depth, 0)
-    ancestors = jnp.any(node_path[:, :, :, None] == jnp.arange(n)[None, None, None, :], axis=2)
     xp, xn = self._embed(prompt_ids), self._embed(node_ids)
     plep, plen = self.per_layer_inputs(prompt_ids, xp), self.per_layer_inputs(node_ids, xn)
     shared: dict[int, tuple] = {}

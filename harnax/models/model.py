@@ -242,6 +242,69 @@ class CausalLM(nnx.Module):
       raise ValueError(f"attention_mask: expected shape {(b, t)}, got {mask.shape}")
     return mask
 
+  def _plain_inputs(self, input_ids: Array, attention_mask: Array | None,
+                    positions: Array | None, pair_mask: Array | None) -> tuple[Array, Array]:
+    """Checked (mask [B, T] bool, positions [B, T]) of :meth:`hidden_states`."""
+    mask = self._mask(input_ids, attention_mask)
+    positions = positions_from_mask(mask) if positions is None else positions
+    if positions.shape != mask.shape:
+      raise ValueError(f"positions: expected shape {mask.shape}, got {positions.shape}")
+    if pair_mask is not None and pair_mask.shape != mask.shape + mask.shape[-1:]:
+      raise ValueError(f"pair_mask: expected shape {mask.shape + mask.shape[-1:]}, got "
+                       f"{pair_mask.shape}")
+    return mask, positions
+
+  def _tree_inputs(self, prompt_ids: Array, prompt_mask: Array, node_ids: Array,
+                   node_mask: Array, node_path: Array) -> tuple[Array, Array, Array, Array]:
+    """Checked inputs of :meth:`tree_hidden_states`: (prompt mask [B, Tp] bool, prompt
+    positions [B, Tp], node positions [B, N] (prompt length + depth), ancestors [B, N, N]
+    bool: node m is on node n's path, n itself included)."""
+    pmask = self._mask(prompt_ids, prompt_mask)
+    b, tp = pmask.shape
+    if tp < 1:
+      raise ValueError("prompt_ids: expected at least one prompt slot, got 0")
+    if node_ids.ndim != 2 or node_ids.shape[0] != b:
+      raise ValueError(f"node_ids: expected shape [{b}, N], got {node_ids.shape}")
+    n = node_ids.shape[1]
+    if node_mask.shape != (b, n):
+      raise ValueError(f"node_mask: expected shape {(b, n)}, got {node_mask.shape}")
+    if node_path.ndim != 3 or node_path.shape[:2] != (b, n):
+      raise ValueError(f"node_path: expected shape [{b}, {n}, A], got {node_path.shape}")
+    length = jnp.sum(pmask, axis=-1, dtype=jnp.int32)
+    depth = jnp.sum(node_path >= 0, axis=-1, dtype=jnp.int32) - 1
+    prompt_pos = positions_from_mask(pmask)
+    node_pos = length[:, None] + jnp.maximum(depth, 0)
+    ancestors = jnp.any(node_path[:, :, :, None] == jnp.arange(n)[None, None, None, :],
+                        axis=2)
+    return pmask, prompt_pos, node_pos, ancestors
+
+  def _cache_inputs(self, input_ids: Array, attention_mask: Array | None, cache: Cache
+                    ) -> tuple[Array, Array, Array, Array]:
+    """Checked inputs of :meth:`hidden_states_with_cache`: (mask [B, T] bool, the tokens'
+    positions [B, T] continuing each row's count of real tokens, and the cache's positions
+    and validity [B, S] with these tokens written at ``cache.index``)."""
+    mask = self._mask(input_ids, attention_mask)
+    b, t = input_ids.shape
+    if b != cache.valid.shape[0]:
+      raise ValueError(f"input_ids: batch size {b} differs from the cache's "
+                       f"{cache.valid.shape[0]}")
+    if t > cache.max_length:
+      raise ValueError(f"input_ids: {t} tokens do not fit a cache of max_length "
+                       f"{cache.max_length}")
+    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + t > cache.max_length:
+      # Under jit this cannot be checked; dynamic_update_slice would clamp the write.
+      raise ValueError(f"input_ids: {t} more tokens after {int(cache.index)} do not fit a "
+                       f"cache of max_length {cache.max_length}")
+    if len(cache.layers) != self.config.num_layers:
+      raise ValueError(f"cache: expected {self.config.num_layers} layers, got "
+                       f"{len(cache.layers)}")
+    start = jnp.sum(cache.valid, axis=1).astype(jnp.int32)
+    positions = positions_from_mask(mask, start=start)
+    zero = jnp.zeros((), jnp.int32)
+    cache_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (zero, cache.index))
+    cache_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (zero, cache.index))
+    return mask, positions, cache_positions, cache_valid
+
   def _embed(self, input_ids: Array) -> Array:
     x = self.embed_tokens(input_ids)
     if self.config.scale_embeddings:
@@ -257,13 +320,7 @@ class CausalLM(nnx.Module):
     [B, T] replaces the positions derived from the mask, and ``pair_mask`` [B, T, T] further
     restricts which earlier tokens each token attends to (both default to a plain sequence).
     """
-    mask = self._mask(input_ids, attention_mask)
-    positions = positions_from_mask(mask) if positions is None else positions
-    if positions.shape != mask.shape:
-      raise ValueError(f"positions: expected shape {mask.shape}, got {positions.shape}")
-    if pair_mask is not None and pair_mask.shape != mask.shape + mask.shape[-1:]:
-      raise ValueError(f"pair_mask: expected shape {mask.shape + mask.shape[-1:]}, got "
-                       f"{pair_mask.shape}")
+    mask, positions = self._plain_inputs(input_ids, attention_mask, positions, pair_mask)
     x = self._embed(input_ids)
     for layer in self.layers:
       x, _ = layer(x, positions, mask, pair_mask=pair_mask)
@@ -290,23 +347,8 @@ class CausalLM(nnx.Module):
       [B, 1 + N, hidden]: slot 0 is the last prompt slot (it predicts the roots), slot
       ``1 + n`` is node n (it predicts n's children).
     """
-    pmask = self._mask(prompt_ids, prompt_mask)
-    b, tp = pmask.shape
-    if tp < 1:
-      raise ValueError("prompt_ids: expected at least one prompt slot, got 0")
-    if node_ids.ndim != 2 or node_ids.shape[0] != b:
-      raise ValueError(f"node_ids: expected shape [{b}, N], got {node_ids.shape}")
-    n = node_ids.shape[1]
-    if node_mask.shape != (b, n):
-      raise ValueError(f"node_mask: expected shape {(b, n)}, got {node_mask.shape}")
-    if node_path.ndim != 3 or node_path.shape[:2] != (b, n):
-      raise ValueError(f"node_path: expected shape [{b}, {n}, A], got {node_path.shape}")
-    length = jnp.sum(pmask, axis=-1, dtype=jnp.int32)
-    depth = jnp.sum(node_path >= 0, axis=-1, dtype=jnp.int32) - 1
-    prompt_pos = positions_from_mask(pmask)
-    node_pos = length[:, None] + jnp.maximum(depth, 0)
-    ancestors = jnp.any(node_path[:, :, :, None] == jnp.arange(n)[None, None, None, :],
-                        axis=2)                                            # [B, N, N]
+    pmask, prompt_pos, node_pos, ancestors = self._tree_inputs(prompt_ids, prompt_mask,
+                                                               node_ids, node_mask, node_path)
     xp, xn = self._embed(prompt_ids), self._embed(node_ids)
     last = len(self.layers) - 1
     for i, layer in enumerate(self.layers):
@@ -326,23 +368,9 @@ class CausalLM(nnx.Module):
       ValueError: a batch size other than the cache's, or more tokens than the cache has
         room for (the second check needs a concrete ``cache.index``, i.e. runs outside jit).
     """
-    mask = self._mask(input_ids, attention_mask)
-    b, t = input_ids.shape
-    if b != cache.valid.shape[0]:
-      raise ValueError(f"input_ids: batch size {b} differs from the cache's "
-                       f"{cache.valid.shape[0]}")
-    if t > cache.max_length:
-      raise ValueError(f"input_ids: {t} tokens do not fit a cache of max_length "
-                       f"{cache.max_length}")
-    if not isinstance(cache.index, jax.core.Tracer) and int(cache.index) + t > cache.max_length:
-      # Under jit this cannot be checked; dynamic_update_slice would clamp the write.
-      raise ValueError(f"input_ids: {t} more tokens after {int(cache.index)} do not fit a "
-                       f"cache of max_length {cache.max_length}")
-    start = jnp.sum(cache.valid, axis=1).astype(jnp.int32)
-    positions = positions_from_mask(mask, start=start)
-    zero = jnp.zeros((), jnp.int32)
-    cache_positions = jax.lax.dynamic_update_slice(cache.positions, positions, (zero, cache.index))
-    cache_valid = jax.lax.dynamic_update_slice(cache.valid, mask, (zero, cache.index))
+    mask, positions, cache_positions, cache_valid = self._cache_inputs(input_ids,
+                                                                       attention_mask, cache)
+    t = input_ids.shape[1]
     x = self._embed(input_ids)
     new_layers = []
     for layer, layer_cache in zip(self.layers, cache.layers):

@@ -1,6 +1,8 @@
 """Generation (greedy parity with transformers.generate, sampling, stop tokens, cache bounds)
 and teacher-forced scoring (values and gradients against torch autograd)."""
 
+import dataclasses
+
 from conftest import hf_logits
 from conftest import padded_batch
 from flax import nnx
@@ -107,6 +109,10 @@ def test_prompt_longer_than_cache(pair_factory):
   cache = model.init_cache(ids.shape[0], 12)
   with pytest.raises(ValueError, match="batch size 2 differs from the cache's 3"):
     model.prefill(jnp.asarray(ids[:2]), jnp.asarray(mask[:2]), cache=cache)
+  # A cache of another model's depth would otherwise be zipped short and silently ignored.
+  short = dataclasses.replace(cache, layers=cache.layers[:-1])
+  with pytest.raises(ValueError, match=f"cache: expected {model.config.num_layers} layers"):
+    model.prefill(jnp.asarray(ids), jnp.asarray(mask), cache=short)
   _, cache = model.prefill(jnp.asarray(ids), jnp.asarray(mask), cache=cache)
   with pytest.raises(ValueError, match="more tokens after 10"):
     model.forward_with_cache(jnp.asarray(ids[:, :3]), cache=cache)
