@@ -62,6 +62,13 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.sft.clip_norm = 1.0
   config.sft.length_bucket = 64   # batches cut to a multiple of 64 tokens (padding only)
 
+  # Relabeled copies of every walkthrough turn (ALFWorld; text_agents.relabel_instances): each
+  # class's instance numbers renamed at random, consistently within the turn, so that the number
+  # in a command must be copied from the record rather than guessed ("cabinet 1").
+  config.augment = ml_collections.ConfigDict()
+  config.augment.copies = 2 if game == "alfworld" else 0
+  config.augment.max_number = 20
+
   # DAgger rounds after the first SFT (ALFWorld): the model plays the training tasks, the expert
   # labels every state it reaches, and SFT goes on over all examples so far.
   config.dagger = ml_collections.ConfigDict()
@@ -100,6 +107,7 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
     config.model.init_std = 0.12
     config.sft.num_steps = 300
     config.sft.learning_rate = 5e-3
+    config.augment.copies = 0
     config.eval.per_type = 4
   elif variant != "teacher":
     raise ValueError(f"variant: expected 'teacher', 'student' or 'micro', got {variant!r}")

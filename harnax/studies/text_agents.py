@@ -25,10 +25,11 @@ import dataclasses
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -117,6 +118,14 @@ def check_config(cfg) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if field == "window"
                                                                           else 1):
       raise ValueError(f"{field}: expected a positive int, got {value!r}")
+  aug = cfg.get("augment", None)
+  if aug is not None:
+    copies = aug.copies
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
+      raise ValueError(f"augment.copies: expected an int >= 0, got {copies!r}")
+    if copies and cfg.game != "alfworld":
+      raise ValueError(f"augment.copies: relabeling knows ALFWorld's instance names only; "
+                       f"expected 0 for {cfg.game!r}, got {copies}")
   known = _known_types(cfg.game)
   bad = [t for t in cfg.task_types if t not in known]
   if bad or not cfg.task_types:
@@ -229,6 +238,72 @@ def dagger_examples(model, tokenizer, tasks, *, window: int, max_steps: int,
                     "parse_failures": parse_failures}
 
 
+_INSTANCE = re.compile(r"\b([a-z]+) (\d+)\b")
+
+
+def _instance_types() -> frozenset[str]:
+  from alfworld.gen import constants  # ALFWorld's object and receptacle classes
+  return frozenset(x.lower() for x in (*constants.OBJECTS, *constants.RECEPTACLES))
+
+
+def relabel_instances(texts: Sequence[str], rng: random.Random, *, max_number: int = 20,
+                      types: frozenset[str] | None = None) -> list[str]:
+  """The texts of one example with every instance number renamed consistently.
+
+  In ALFWorld an instance is "<class> <number>" ("cabinet 10", "apple 2"). For each class
+  that occurs, its numbers are mapped one-to-one onto numbers drawn at random from
+  ``1..max(max_number, largest number present)``, the same mapping in every text of the
+  example (context and output), so the example stays self-consistent: the expert's action
+  still names the instance its thought and the record point at. Numbers after words that are
+  not classes ("turn 3") are left alone. Why: the games number instances from 1, so a small
+  model learns that "1" is the likely number instead of copying the one in the record; with
+  relabeled copies the number can only come from the context.
+
+  Args:
+    texts: the example's texts (e.g. ``[context, output]``).
+    rng: the random source.
+    max_number: the largest number drawn (>= 1).
+    types: the class names (default: ALFWorld's objects and receptacles, lower case).
+  Returns:
+    the relabeled texts, in order.
+  """
+  if isinstance(max_number, bool) or not isinstance(max_number, int) or max_number < 1:
+    raise ValueError(f"max_number: expected an int >= 1, got {max_number!r}")
+  types = _instance_types() if types is None else types
+  present: dict[str, set[int]] = {}
+  for text in texts:
+    for m in _INSTANCE.finditer(text):
+      if m.group(1) in types:
+        present.setdefault(m.group(1), set()).add(int(m.group(2)))
+  mapping = {}
+  for cls in sorted(present):
+    old = sorted(present[cls])
+    new = rng.sample(range(1, max(max_number, old[-1]) + 1), len(old))
+    mapping.update({(cls, o): n for o, n in zip(old, new)})
+
+  def rename(m):
+    key = (m.group(1), int(m.group(2)))
+    return f"{key[0]} {mapping[key]}" if key in mapping else m.group(0)
+  return [_INSTANCE.sub(rename, text) for text in texts]
+
+
+def augment(examples: Sequence[dict], *, copies: int, max_number: int = 20, seed: int = 0
+            ) -> list[dict]:
+  """`examples` followed by `copies` relabeled copies of each (:func:`relabel_instances`;
+  context, output and action renamed together)."""
+  if isinstance(copies, bool) or not isinstance(copies, int) or copies < 0:
+    raise ValueError(f"copies: expected an int >= 0, got {copies!r}")
+  rng = random.Random(seed)
+  types = _instance_types()
+  out = list(examples)
+  for _ in range(copies):
+    for e in examples:
+      context, output, action = relabel_instances(
+          [e["context"], e["output"], e["action"]], rng, max_number=max_number, types=types)
+      out.append(dict(e, context=context, output=output, action=action))
+  return out
+
+
 def config_dict(cfg) -> dict:
   return json.loads(cfg.to_json())
 
@@ -287,6 +362,11 @@ def _build(cfg, path: str, say: Log) -> dict:
   examples, walk = walkthroughs(tasks, window=int(cfg.window), max_steps=int(cfg.max_steps))
   say(f"text agent: {len(examples)} expert turns from {walk['episodes']} seen tasks "
       f"({walk['won']} won, {time.time() - t0:.1f} s)")
+  aug = cfg.get("augment", None)
+  if aug is not None and int(aug.copies):
+    examples = augment(examples, copies=int(aug.copies), max_number=int(aug.max_number),
+                       seed=int(cfg.seed))
+    say(f"text agent: {len(examples)} examples with {int(aug.copies)} relabeled copies")
   texts = [e["context"] for e in examples] + [e["output"] for e in examples]
   texts.append(text_agent.SYSTEM_PROMPT)
   tok = tokenizer_lib.train_tokenizer(texts, path, vocab_size=int(cfg.tokenizer.vocab_size),

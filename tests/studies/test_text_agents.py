@@ -4,6 +4,8 @@ under the HAD settings, the random baseline and the report."""
 
 import json
 import os
+import random
+import re
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ def _micro():
   cfg.eval.per_type = 1
   cfg.eval.max_steps = 6
   cfg.eval.settings = ("with_harness", "harness_removed")
+  cfg.augment.copies = 1
   return cfg
 
 
@@ -73,6 +76,42 @@ def test_walkthrough_examples_are_the_expert_turns_in_the_agent_format():
   assert examples[-1]["action"].startswith(("move ", "put "))
 
 
+def test_relabeled_copies_rename_each_instance_consistently():
+  tasks = alfworld.tasks("seen", per_type=1, task_types=("pick_clean_then_place_in_recep",))
+  examples, _ = text_agents.walkthroughs(tasks, window=1, max_steps=50)
+  word_number = re.compile(r"([a-z]+) (\d+)")
+  renamed_any = False
+  for e in examples:
+    texts = [e["context"], e["output"], e["action"]]
+    new = text_agents.relabel_instances(texts, random.Random(7), max_number=30)
+    mapping = {}
+    for old, got in zip(texts, new):
+      # Only numbers change: the texts agree outside the digits.
+      assert re.sub(r"\d+", "#", old) == re.sub(r"\d+", "#", got)
+      pairs_old, pairs_new = word_number.findall(old), word_number.findall(got)
+      assert [w for w, _ in pairs_old] == [w for w, _ in pairs_new]
+      for (word, a), (_, b) in zip(pairs_old, pairs_new):
+        if word == "turn":
+          assert a == b  # not an instance
+          continue
+        assert mapping.setdefault((word, a), b) == b  # one new number per instance, everywhere
+        assert 1 <= int(b) <= max(30, int(a))
+        renamed_any |= a != b
+    by_class = {}
+    for (word, _), b in mapping.items():
+      by_class.setdefault(word, []).append(b)
+    assert all(len(set(v)) == len(v) for v in by_class.values())  # one-to-one per class
+    assert new[1].endswith("Action: " + new[2])  # the command is still the output's action
+  assert renamed_any
+  aug = text_agents.augment(examples, copies=2, seed=3)
+  assert len(aug) == 3 * len(examples) and aug[:len(examples)] == examples
+  assert aug == text_agents.augment(examples, copies=2, seed=3)
+  with pytest.raises(ValueError, match="max_number"):
+    text_agents.relabel_instances(["apple 1"], random.Random(0), max_number=0)
+  with pytest.raises(ValueError, match="copies"):
+    text_agents.augment(examples, copies=-1)
+
+
 def test_evaluate_traces_match_the_rollout_log(built, tmp_path):
   cfg, directory, _ = built
   model, tok = text_agents.load_agent(directory)
@@ -115,6 +154,10 @@ def test_bad_inputs(tmp_path):
   cfg = _micro()
   cfg.per_type = 0
   with pytest.raises(ValueError, match="per_type"):
+    text_agents.check_config(cfg)
+  cfg = config_lib.get_config("micro,scienceworld")
+  cfg.augment.copies = 1
+  with pytest.raises(ValueError, match="augment.copies"):
     text_agents.check_config(cfg)
   foreign = tmp_path / "foreign"
   foreign.mkdir()
