@@ -148,6 +148,9 @@ class DecoderConfig:
   # Layer kinds the family builds: the attention kinds of LAYER_TYPES, which take RoPE
   # parameters; a family with other mixers (Qwen3.5's linear attention) widens it.
   SUPPORTED_LAYER_TYPES: ClassVar[tuple[str, ...]] = LAYER_TYPES
+  # Whether the family's model runs `CausalLM.tree_hidden_states` (prefix-tree scoring); a
+  # family whose layers read a sequence strictly in order (recurrent ones) sets False.
+  supports_tree: ClassVar[bool] = True
 
   def __post_init__(self):
     if not self.mlp_kinds:
