@@ -54,7 +54,9 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   # One DAgger round: the model played the same tasks and the expert labelled its turns.
   (dagger,) = manifest["dagger"]
   assert dagger["episodes"] == 2 and dagger["turns"] >= 2
-  assert manifest["training"]["num_examples"] == walk["turns"] + dagger["turns"]
+  # The walkthrough turns and their relabeled copies, then the DAgger turns (not relabeled).
+  assert manifest["training"]["num_examples"] == (
+      walk["turns"] * (1 + cfg.augment.copies) + dagger["turns"])
   assert manifest["training"]["num_steps"] == 30 + 10
   assert manifest["training"]["final_loss"] < manifest["training"]["initial_loss"]
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(directory))
