@@ -79,8 +79,10 @@ def test_shared_scoring_equals_full_forwards(model):
   ref = numpy_scores(model, tokens)
   real = np.isfinite(ref)
   tree = lm.pack_candidates(tokens)
-  for shared in (lm.candidate_log_probs(model, tree), lm.candidate_log_probs_cached(model, tokens),
-                 lm.candidate_log_probs_unshared(model, tokens)):
+  # Under jit: one compile per method instead of one per eager op (5 s instead of 26 s).
+  for shared in (nnx.jit(lm.candidate_log_probs)(model, tree),
+                 nnx.jit(lm.candidate_log_probs_cached)(model, tokens),
+                 nnx.jit(lm.candidate_log_probs_unshared)(model, tokens)):
     shared = np.asarray(shared)
     np.testing.assert_allclose(shared[real], ref[real], rtol=1e-10, atol=1e-10)
     assert np.all(np.exp(shared[~real]) == 0.0)
@@ -92,7 +94,7 @@ def test_shared_scoring_equals_full_forwards(model):
 def test_micro_batched_rows_equal_one_batch(model, micro_batch):
   tokens = lm.pack_candidates(random_tokens(1))
   score_fn, params = lm.split_model(model)
-  full = np.asarray(lm.candidate_log_probs(model, tokens))
+  full = np.asarray(nnx.jit(lm.candidate_log_probs)(model, tokens))
   got = np.asarray(lm.score_rows(score_fn, params, tokens, micro_batch=micro_batch))
   np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-12)
 
@@ -194,8 +196,8 @@ def test_public_value_and_grad_matches_the_pipeline(model):
                                invalid="noop", noop_action=0, micro_batch=8)
   score_fn, params = lm.split_model(model, method="unshared")
   objective = lm.lm_objective(a, "noop", 0)
-  j2, g2 = jax.value_and_grad(lambda p: objective(
-      score_fn(p, tokens.rows()).reshape(n, s, o), (mdp, table, pi_ref, tau)))(params)
+  j2, g2 = jax.jit(jax.value_and_grad(lambda p: objective(
+      score_fn(p, tokens.rows()).reshape(n, s, o), (mdp, table, pi_ref, tau))))(params)
   np.testing.assert_allclose(j, j2, rtol=1e-12)
   for x, y in zip(jax.tree.leaves(grads), jax.tree.leaves(g2)):
     np.testing.assert_allclose(x, y, rtol=1e-8, atol=1e-12)

@@ -23,6 +23,9 @@ def _micro():
   cfg = config_lib.get_config("micro")
   cfg.per_type = 2
   cfg.sft.num_steps = 30
+  # Mechanics, not learning: small batches of one padded length (one compile) keep it fast.
+  cfg.sft.batch_size = 4
+  cfg.sft.length_bucket = 512
   cfg.dagger.rounds = 1
   cfg.dagger.num_steps = 10
   cfg.max_steps = 20

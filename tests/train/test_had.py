@@ -1,6 +1,7 @@
 """HAD's preference data (harnax.train.had): teacher labels with the validity filter, the
 action-only scoring sequences, and the student's margins against independent full forwards."""
 
+from flax import nnx
 import jax
 import numpy as np
 import pytest
@@ -73,12 +74,13 @@ def test_margins_and_loss_against_separate_forwards(setup):
   pairs = had.encode_action_pairs(tok, CONTEXTS, ["I go there.", "Look first."],
                                   ["go to fridge 1", "look"], ["take apple 1 from fridge 1",
                                                                "go to fridge 1"], chat=False)
-  pos, neg = had.action_means(model, pairs)
+  # Under jit: one compile each instead of one per eager op.
+  pos, neg = nnx.jit(lambda m: had.action_means(m, pairs))(model)
   means = []
   for row in range(4):
     length = int(pairs.attention_mask[row].sum())
     ids = pairs.ids[row:row + 1, :length]
-    logits = np.asarray(model(jax.numpy.asarray(ids)), np.float64)[0]
+    logits = np.asarray(models.forward(model, jax.numpy.asarray(ids)), np.float64)[0]
     logp = logits - logits.max(-1, keepdims=True)
     logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
     positions = np.flatnonzero(pairs.action_mask[row, :length])
@@ -86,7 +88,7 @@ def test_margins_and_loss_against_separate_forwards(setup):
   np.testing.assert_allclose(pos, means[0::2], rtol=1e-9)
   np.testing.assert_allclose(neg, means[1::2], rtol=1e-9)
   differ, valid = np.array([True, True]), np.array([True, False])
-  loss, active = had.preference_loss(model, pairs, differ, valid, beta=0.5)
+  loss, active = nnx.jit(lambda m: had.preference_loss(m, pairs, differ, valid, beta=0.5))(model)
   ref, _ = distill.action_preference_loss(np.array(means[0::2]), np.array(means[1::2]), differ,
                                           valid, beta=0.5)
   np.testing.assert_allclose(loss, ref, rtol=1e-9)
