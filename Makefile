@@ -6,6 +6,8 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 # pytest-xdist workers: 2, the core count of CI; `make test WORKERS=8` on a bigger machine.
+# --dist loadscope: each module runs on one worker, so a module fixture (a trained agent, a
+# post-trained study, a browser session) is built once, not once per worker.
 WORKERS ?= 2
 
 .PHONY: demo test lint bench study estimators proxy text-agents clean browser java
@@ -61,7 +63,7 @@ lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check harnax tests scripts benchmarks configs
 
 test: lint browser java
-	$(PY) -m pytest -n $(WORKERS) --durations=20 tests
+	$(PY) -m pytest -n $(WORKERS) --dist loadscope --durations=20 tests
 
 # The tabular MiniWoB++ study across harnesses H0-H5 (docs/harnesses.md).
 study: $(VENV)/.test-installed

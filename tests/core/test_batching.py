@@ -31,10 +31,13 @@ def test_vmap_over_a_batch_of_mdps(batch):
   for i in range(6):
     single = hx.solve_soft_bellman(_item(batch, i), pi_ref, taus[i], tol=1e-11)
     np.testing.assert_allclose(out.v[i], single.v, atol=1e-10)
-  pols = jax.vmap(lambda k: hx.random_policy(k, pi_ref))(jax.random.split(jax.random.key(1), 6))
-  j = jax.vmap(lambda m, p, t: hx.regularized_return(m, p, pi_ref, t))(batch, pols, taus)
-  c = jax.vmap(lambda m, t: hx.ceiling(m, pi_ref, t, tol=1e-12))(batch, taus)
-  m = jax.vmap(lambda mm, p, t: hx.mismatch(mm, p, pi_ref, t, tol=1e-12))(batch, pols, taus)
+  # Under jit: one compile per function instead of one per op of the batched trace.
+  pols = jax.jit(jax.vmap(lambda k: hx.random_policy(k, pi_ref)))(
+      jax.random.split(jax.random.key(1), 6))
+  j = jax.jit(jax.vmap(lambda m, p, t: hx.regularized_return(m, p, pi_ref, t)))(batch, pols, taus)
+  c = jax.jit(jax.vmap(lambda m, t: hx.ceiling(m, pi_ref, t, tol=1e-12)))(batch, taus)
+  m = jax.jit(jax.vmap(lambda mm, p, t: hx.mismatch(mm, p, pi_ref, t, tol=1e-12)))(
+      batch, pols, taus)
   np.testing.assert_allclose(j, c - m, atol=1e-9)
 
 
@@ -72,17 +75,19 @@ def test_a_batch_larger_than_the_cache_equals_its_members(size):
   refs = jax.vmap(lambda k: hx.random_reference(k, 64, 8, unavailable_fraction=0.2))(
       jax.random.split(jax.random.key(6), size))
   solve = lambda m, r: hx.solve_soft_bellman(m, r, 0.3, tol=1e-9)  # noqa: E731
+  ceiling_grad = jax.grad(lambda m, r: hx.ceiling(m, r, 0.3, tol=1e-9))
   out = jax.jit(jax.vmap(solve))(mdps, refs)
-  grad = jax.jit(jax.vmap(jax.grad(lambda m, r: hx.ceiling(m, r, 0.3, tol=1e-9))))(mdps, refs)
+  grad = jax.jit(jax.vmap(ceiling_grad))(mdps, refs)
+  solve_one, grad_one = jax.jit(solve), jax.jit(ceiling_grad)
   for i in (0, 1, size // 2, size - 1):
-    single = solve(_item(mdps, i), refs[i])
+    single = solve_one(_item(mdps, i), refs[i])
     np.testing.assert_allclose(out.v[i], single.v, atol=1e-12)
     assert int(out.iterations[i]) == int(single.iterations)
     # The bound is a span of nearly equal numbers: a batched and a single sweep round
     # differently in the last bits (1e-14 here), which moves a 1e-10 bound by ~1e-4.
     np.testing.assert_allclose(out.error_bound[i], single.error_bound, rtol=1e-3)
     assert bool(out.converged[i]) == bool(single.converged)
-    g = jax.grad(lambda m: hx.ceiling(m, refs[i], 0.3, tol=1e-9))(_item(mdps, i))
+    g = grad_one(_item(mdps, i), refs[i])
     np.testing.assert_allclose(grad.rewards[i], g.rewards, atol=1e-12)
     np.testing.assert_allclose(grad.transitions[i], g.transitions, atol=1e-12)
 
@@ -99,8 +104,8 @@ def test_sparse_batch_under_vmap():
   keys = jax.random.split(jax.random.key(4), 4)
   mdps = jax.vmap(lambda k: hx.random_sparse_mdp(k, 30, 3, 2, discount=0.9))(keys)
   pi_ref = hx.uniform_reference(30, 3)
-  v = jax.vmap(lambda m: hx.solve_soft_bellman(m, pi_ref, 0.5, tol=1e-11).v)(mdps)
-  d = jax.vmap(lambda m: hx.occupancy(m, pi_ref))(mdps)
+  v = jax.jit(jax.vmap(lambda m: hx.solve_soft_bellman(m, pi_ref, 0.5, tol=1e-11).v))(mdps)
+  d = jax.jit(jax.vmap(lambda m: hx.occupancy(m, pi_ref)))(mdps)
   for i in range(4):
     dense = hx.to_dense(_item(mdps, i))
     np.testing.assert_allclose(v[i], hx.solve_soft_bellman(dense, pi_ref, 0.5, tol=1e-11).v,
@@ -111,7 +116,8 @@ def test_sparse_batch_under_vmap():
 def test_sharded_over_a_mesh():
   """8 simulated devices: needs a fresh process (XLA_FLAGS before jax starts)."""
   env = dict(os.environ)
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  # Appended: the suite's compile flags (tests/conftest.py) carry over to the child.
+  env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   proc = subprocess.run([sys.executable, "-m", "tests.core.sharded_solve"], cwd=root, env=env,
                         capture_output=True, text=True, timeout=600)

@@ -470,7 +470,8 @@ def test_sharded_forward_and_train_step_match_unsharded(tmp_path):
   root = os.path.dirname(os.path.dirname(here))
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, here,
                                                      os.environ.get("PYTHONPATH", "")]))
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  # Appended: the suite's compile flags (tests/conftest.py) carry over to the child.
+  env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   code = "import sys, test_gemma4\nfor p in sys.argv[1:]: print(test_gemma4._sharded_check(p))"
   proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
                         cwd=here, capture_output=True, text=True, timeout=600)

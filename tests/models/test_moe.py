@@ -77,7 +77,8 @@ def test_every_kernel_matches_the_transformers_block(normalize):
   flat = jnp.asarray(x.reshape(-1, 16))
   w, e = moe.route_top_k(flat @ router.T, k=2, normalize=normalize)
   for name, fn in KERNELS.items():
-    out = fn(flat, w, e, gate, up, down, act=jax.nn.silu).reshape(x.shape)
+    out = jax.jit(functools.partial(fn, act=jax.nn.silu))(flat, w, e, gate, up, down)
+    out = out.reshape(x.shape)
     np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5, err_msg=name)
 
 
@@ -105,8 +106,8 @@ def test_kernels_have_the_same_gradients():
     w, e = moe.route_top_k(x @ router.T, k=k, normalize=True)
     return jnp.sum(jnp.sin(fn(x, w, e, gate, up, down, act=jax.nn.silu)))
 
-  grads = {name: jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3))(x, gate, up, down)
-           for name, fn in KERNELS.items()}
+  grads = {name: jax.jit(jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2, 3)))(
+      x, gate, up, down) for name, fn in KERNELS.items()}
   for name, g in grads.items():
     for got, want in zip(g, grads["dense"]):
       np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, err_msg=name)
@@ -165,9 +166,10 @@ def test_kernels_under_vmap_equal_one_call_per_item():
     def one(x, fn=fn):
       w, e = moe.route_top_k(x @ router.T, k=2, normalize=False)
       return fn(x, w, e, gate, up, down, act=jax.nn.silu)
-    batched = np.asarray(jax.vmap(one)(xs))
+    batched = np.asarray(jax.jit(jax.vmap(one))(xs))
+    single = jax.jit(one)
     for i in range(xs.shape[0]):
-      np.testing.assert_allclose(batched[i], np.asarray(one(xs[i])), atol=1e-5, err_msg=name)
+      np.testing.assert_allclose(batched[i], np.asarray(single(xs[i])), atol=1e-5, err_msg=name)
 
 
 def test_bad_inputs_raise_naming_the_field():
@@ -200,7 +202,8 @@ def test_per_example_gradients_under_vmap_agree_across_kernels():
   per_example = {name: np.asarray(jax.jit(jax.vmap(jax.grad(functools.partial(loss, fn)),
                                                    (None, 0)))(gate, xs))
                  for name, fn in (("ragged", moe.experts_ragged), ("dense", moe.experts_dense))}
+  single = jax.jit(jax.grad(functools.partial(loss, moe.experts_dense)))
   for i in range(xs.shape[0]):
-    one = np.asarray(jax.grad(functools.partial(loss, moe.experts_dense))(gate, xs[i]))
+    one = np.asarray(single(gate, xs[i]))
     np.testing.assert_allclose(per_example["ragged"][i], one, atol=1e-5)
     np.testing.assert_allclose(per_example["dense"][i], one, atol=1e-5)

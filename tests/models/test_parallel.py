@@ -20,7 +20,8 @@ def test_sharded_forward_and_train_step_match_unsharded(pair_factory):
   # Qwen3-MoE covers the Qwen3 attention stack; Gemma 3 the sandwich norms and windows.
   paths = [pair_factory(n).path for n in ("qwen3_moe", "gemma3")]
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  # Appended: the suite's compile flags (tests/conftest.py) carry over to the child.
+  env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   proc = subprocess.run([sys.executable, os.path.join(HERE, "sharded_check.py"), *paths],
                         env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]

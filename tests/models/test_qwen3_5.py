@@ -341,7 +341,8 @@ def test_sharded_forward_and_train_step_match_unsharded(tmp_path):
   path = str(tmp_path / "sharded")
   perturb(transformers.AutoModelForCausalLM.from_config(cfg), "sharded").save_pretrained(path)
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  # Appended: the suite's compile flags (tests/conftest.py) carry over to the child.
+  env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   proc = subprocess.run([sys.executable, os.path.join(here, "sharded_check.py"), path],
                         env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]

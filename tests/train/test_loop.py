@@ -427,7 +427,8 @@ np.savez(out, **results)
 
 def test_data_parallel_and_fsdp_match_one_device(tmp_path):
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  # Appended: the suite's compile flags (tests/conftest.py) carry over to the child.
+  env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
   out = str(tmp_path / "sharded.npz")
   proc = subprocess.Popen([sys.executable, "-c", CHILD, HERE, out, str(tmp_path)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
