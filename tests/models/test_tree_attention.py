@@ -73,9 +73,13 @@ def _reference_logits(hf, rows):
 
 
 def _tree_logits(model, t):
-  hidden = model.tree_hidden_states(*(jnp.asarray(t[k]) for k in (
+  return _tree_logits_jit(model, *(jnp.asarray(t[k]) for k in (
       "prompt_ids", "prompt_mask", "node_ids", "node_mask", "node_path")))
-  return model.logits(hidden)
+
+
+@nnx.jit  # one compile instead of one per op
+def _tree_logits_jit(model, *tree):
+  return model.logits(model.tree_hidden_states(*tree))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
