@@ -13,6 +13,11 @@ import pytest
 # changes no result (XLA:CPU does not enable fast math at any level).
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
                                    "--xla_backend_optimization_level=0")
+# For the same reason, tests call models and multi-step references under `jax.jit` /
+# `nnx.jit` unless they test eager behaviour: op by op, every new (op, shape) is its own XLA
+# compile (~40 ms here), and a tiny model's forward pass is hundreds of them (test_lm's
+# three scorers: 26 s eager, 5 s jitted). A child process that needs more host devices
+# appends to XLA_FLAGS rather than replacing it.
 
 # Property tests draw the same examples on every run and on every machine: a failure
 # found once is found again, and CI never turns red on a new random draw.
