@@ -62,10 +62,11 @@ _TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_l
              num_attention_heads=2, num_key_value_heads=1)
 _TINY_ROPE = dict(lt._QWEN35_ROPE, mrope_section=[2, 1, 1])  # 32 * 0.25 / 2 = 4 rotary pairs
 _TINY_FAMILY = {
-    "qwen3_5": dict(_TINY, head_dim=32, rope_parameters=_TINY_ROPE, linear_num_key_heads=2, linear_num_value_heads=2,
-                    linear_key_head_dim=16, linear_value_head_dim=16),
-    "qwen3_5_moe": dict(_TINY, head_dim=32, rope_parameters=_TINY_ROPE, linear_num_key_heads=2, linear_num_value_heads=2,
-                        linear_key_head_dim=16, linear_value_head_dim=16,
+    "qwen3_5": dict(_TINY, head_dim=32, rope_parameters=_TINY_ROPE, linear_num_key_heads=2,
+                    linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16),
+    "qwen3_5_moe": dict(_TINY, head_dim=32, rope_parameters=_TINY_ROPE, linear_num_key_heads=2,
+                        linear_num_value_heads=2, linear_key_head_dim=16,
+                        linear_value_head_dim=16,
                         moe_intermediate_size=32, shared_expert_intermediate_size=32,
                         num_experts=4, num_experts_per_tok=2),
     "gemma4": dict(_TINY, head_dim=32, global_head_dim=64, sliding_window=8,
