@@ -351,12 +351,17 @@ def _run_child(framework, path, args) -> dict:
          "--repeats", str(args.repeats), "--dtype", args.dtype,
          "--torch-device", args.torch_device, "--decode-batches",
          *[str(b) for b in args.decode_batches], "--lengths", *[str(n) for n in args.lengths]]
+  return run_child_command(cmd, framework)
+
+
+def run_child_command(cmd, what: str) -> dict:
+  """Runs a measuring child (repository on its path) and returns its ``RESULT {json}`` line."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
   for line in proc.stdout.splitlines():
     if line.startswith("RESULT "):
       return json.loads(line[len("RESULT "):])
-  raise RuntimeError(f"{framework} run failed:\n{proc.stderr[-3000:]}")
+  raise RuntimeError(f"{what} run failed:\n{proc.stderr[-3000:]}")
 
 
 def main():

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -111,12 +110,7 @@ def _child(args):
 def _run_child(framework: str, path: str, args) -> dict:
   cmd = [sys.executable, os.path.abspath(__file__), "--child", framework, "--path", path,
          "--batch", str(args.batch), "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-  for line in proc.stdout.splitlines():
-    if line.startswith("RESULT "):
-      return json.loads(line[len("RESULT "):])
-  raise RuntimeError(f"{framework} run failed:\n{proc.stderr[-3000:]}")
+  return lt.run_child_command(cmd, framework)
 
 
 def report(rows, args, loads) -> str:
