@@ -9,7 +9,9 @@ projections and no cache of its own; its entry in ``Cache.layers`` is ``None``. 
 the keys and values its source layer (``Gemma4Config.kv_source``) has just written, with its own
 mask (the source has the same attention type, so the same window). Without a cache the source's
 fresh keys and values are passed on the same way, so generation with the cache equals teacher
-forcing.
+forcing. As the shared layers write nothing, a prefill (which returns the last position's
+logits only) runs them on the last position alone
+(:meth:`Gemma4CausalLM.last_hidden_state_with_cache`).
 """
 
 from __future__ import annotations
@@ -297,8 +299,15 @@ class Gemma4CausalLM(CausalLM):
     return (proj + emb.reshape(shape)) * jnp.asarray(2.0 ** -0.5, x.dtype)
 
   def _stack(self, input_ids: Array, positions: Array, q_mask: Array, *, kv_pos: Array,
-             kv_valid: Array, cache_layers=None, index=None, pair_mask=None):
-    """Runs the layers; returns (final-norm hidden [B, T, hidden], new per-layer caches)."""
+             kv_valid: Array, cache_layers=None, index=None, pair_mask=None,
+             last_only: bool = False):
+    """Runs the layers; returns (final-norm hidden [B, T, hidden], new per-layer caches).
+
+    ``last_only`` (static): the hidden states are the last position's only, [B, 1, hidden],
+    and the KV-shared layers run on that position alone: they write no keys or values, so
+    their other positions feed nothing but the other positions' outputs. The layers before
+    them still run on every position and fill the cache.
+    """
     cfg = self.config
     x = self._embed(input_ids)
     ple = self.per_layer_inputs(input_ids, x)
@@ -306,6 +315,12 @@ class Gemma4CausalLM(CausalLM):
     shared: dict[int, tuple[Array, Array]] = {}
     new_layers = []
     for i, layer in enumerate(self.layers):
+      if last_only and i == cfg.first_shared_layer:
+        # Each query's output depends on its own row of inputs only, so dropping the other
+        # queries changes nothing for the last; the keys (kv_pos, kv_valid) stay whole.
+        x, positions = x[:, -1:], positions[:, -1:]
+        ple = None if ple is None else ple[:, -1:]
+        pair_mask = None if pair_mask is None else pair_mask[:, -1:]
       h = layer.attn_norm(x)
       q = layer.attn.project_q(h, positions)
       if layer.attn.shared:
@@ -324,6 +339,8 @@ class Gemma4CausalLM(CausalLM):
       attn_out = layer.attn.attend_and_project(q, k_all, v_all, positions, kv_pos, kv_valid,
                                                pair_mask)
       x = layer(x, attn_out, None if ple is None else ple[:, :, i])
+    if last_only:  # a no-op after the shared layers; without any, the last position is cut here
+      x = x[:, -1:]
     return self.norm(x), tuple(new_layers)
 
   def hidden_states(self, input_ids: Array, attention_mask: Array | None = None, *,
@@ -335,16 +352,23 @@ class Gemma4CausalLM(CausalLM):
     return hidden
 
   def hidden_states_with_cache(self, input_ids: Array, attention_mask: Array | None = None, *,
-                               cache: Cache) -> tuple[Array, Cache]:
-    """As :meth:`CausalLM.hidden_states_with_cache`."""
+                               cache: Cache, last_only: bool = False) -> tuple[Array, Cache]:
+    """As :meth:`CausalLM.hidden_states_with_cache`; with ``last_only`` (static) the hidden
+    states are the last position's only, [B, 1, hidden] (see :meth:`_stack`)."""
     mask, positions, cache_positions, cache_valid = self._cache_inputs(input_ids,
                                                                        attention_mask, cache)
     t = input_ids.shape[1]
     hidden, layers = self._stack(input_ids, positions, mask, kv_pos=cache_positions,
                                  kv_valid=cache_valid, cache_layers=cache.layers,
-                                 index=cache.index)
+                                 index=cache.index, last_only=last_only)
     return hidden, Cache(layers=layers, positions=cache_positions, valid=cache_valid,
                          index=cache.index + t)
+
+  def last_hidden_state_with_cache(self, input_ids: Array, attention_mask: Array | None = None,
+                                   *, cache: Cache) -> tuple[Array, Cache]:
+    """As :meth:`CausalLM.last_hidden_state_with_cache` ([B, 1, hidden] and the new cache):
+    the KV-shared layers run on the last position only, as transformers does in a prefill."""
+    return self.hidden_states_with_cache(input_ids, attention_mask, cache=cache, last_only=True)
 
   def tree_hidden_states(self, prompt_ids: Array, prompt_mask: Array, node_ids: Array,
                          node_mask: Array, node_path: Array) -> Array:

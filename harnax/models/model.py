@@ -420,8 +420,18 @@ class CausalLM(nnx.Module):
     """Appends the (left-padded) prompts to ``cache``: last-position logits [B, V] float32 and
     the new cache. Only the last position is projected onto the vocabulary: decoding needs
     nothing else, and the [B, T, V] logits would cost a matmul and a buffer for nothing."""
+    hidden, cache = self.last_hidden_state_with_cache(input_ids, attention_mask, cache=cache)
+    return self.logits(hidden)[:, 0], cache
+
+  def last_hidden_state_with_cache(self, input_ids: Array, attention_mask: Array | None = None,
+                                   *, cache: Cache) -> tuple[Array, Cache]:
+    """As :meth:`hidden_states_with_cache`, but only the last position's hidden state
+    [B, 1, hidden] (every row's last token: rows are left-padded) and the same new cache.
+
+    :meth:`prefill`'s hook: a family whose later layers write no cache overrides it to run
+    them on the last position only (Gemma 4's KV-shared layers)."""
     hidden, cache = self.hidden_states_with_cache(input_ids, attention_mask, cache=cache)
-    return self.logits(hidden[:, -1:])[:, 0], cache
+    return hidden[:, -1:], cache
 
   def decode_step(self, tokens: Array, *, cache: Cache) -> tuple[Array, Cache]:
     """Appends one token per sequence, ``tokens`` [B] int: next-token logits [B, V] float32 and

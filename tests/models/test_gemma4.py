@@ -197,6 +197,41 @@ def test_chunked_prefill_equals_forward(pairs):
   assert max_err(logits, ref[:, 7:], mask[:, 7:]) < 2e-5
 
 
+@pytest.mark.parametrize("name", ["e", "moe"])  # "moe" has no KV-shared layers
+def test_prefill_runs_the_shared_layers_on_the_last_position_only(pairs, name):
+  """prefill runs the KV-shared layers on the last position only (they write no cache and only
+  the last logits are returned): its logits and cache equal those of the stack run on every
+  position and the last column of a cache-free forward, for a first chunk and for a second one
+  (whose shared layers read the producers' cache across chunks)."""
+  model = pairs[name][2]
+  ids, mask = padded_batch(seed=11, length=11)
+  ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+  ref = np.asarray(models.forward(model, ids, mask))
+  graphdef, state = nnx.split(model)
+
+  def unsliced(m, i, k, c):
+    hidden, c = m.hidden_states_with_cache(i, k, cache=c)
+    return m.logits(hidden[:, -1:])[:, 0], c
+
+  run = {fn: jax.jit(lambda s, i, k, c, fn=fn: fn(nnx.merge(graphdef, s), i, k, c))
+         for fn in (lambda m, i, k, c: m.prefill(i, k, cache=c), unsliced)}
+  caches = [model.init_cache(ids.shape[0], 16)] * 2
+  for cols in (slice(0, 7), slice(7, 11)):  # column 6 is real in every row
+    args = (ids[:, cols], mask[:, cols])
+    (out, cache), (want, want_cache) = (f(state, *args, c) for f, c in zip(run.values(), caches))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-6, rtol=0)
+    np.testing.assert_allclose(np.asarray(out), ref[:, cols.stop - 1], atol=2e-5, rtol=0)
+    assert jax.tree.structure(cache) == jax.tree.structure(want_cache)
+    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(want_cache)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+    caches = [cache, want_cache]
+  if name == "e":
+    # Only the shared layers have the double-wide (48) MLP: on one position in prefill.
+    texts = [f.lower(state, ids, mask, model.init_cache(3, 16)).as_text() for f in run.values()]
+    assert "3x1x48xf32" in texts[0] and "3x11x48xf32" not in texts[0]
+    assert "3x11x48xf32" in texts[1]
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled program")
 def test_decode_step_updates_the_cache_in_place(pairs):
   """A shared layer reads its source's freshly written cache: XLA must still update every
