@@ -12,12 +12,17 @@ once), with the bandwidth measured by a numpy copy.
 ``--preset 0.6b-2b`` runs published shapes instead (Qwen3 0.6B and 1.7B, Gemma 3 1B) with
 random weights; with a CUDA build of jax and of torch it runs both frameworks on the GPU
 (``--torch-device``, ``--dtype bfloat16``), reports device peak memory instead of RSS and
-measures the bandwidth bound on the device.
+measures the bandwidth bound on the device. ``--checkpoint-dtype bfloat16`` stores the random
+checkpoint in bfloat16 (both frameworks load the same rounded weights in ``--dtype``), so a
+model whose float32 weights fit memory once but not twice, Gemma-4-E2B on a 23 GB machine, can
+be built and measured.
 
 Usage::
 
   python benchmarks/lm_throughput.py [--out benchmarks/results/lm_throughput.md] [--quick]
   python benchmarks/lm_throughput.py --preset 0.6b-2b --dtype bfloat16   # on a GPU machine
+  python benchmarks/lm_throughput.py --preset 0.6b-2b --families gemma4-e2b \
+      --checkpoint-dtype bfloat16 --out benchmarks/results/lm_throughput_0.6b-2b_gemma4.md
 """
 
 from __future__ import annotations
@@ -123,13 +128,17 @@ def _timeit(fn, repeats: int, sync=lambda: None) -> float:
   return best
 
 
-def build_checkpoint(family: str, path: str, preset: str = "100m") -> int:
+def build_checkpoint(family: str, path: str, preset: str = "100m", dtype: str = "float32"
+                     ) -> int:
+  """Writes a random-weight checkpoint of ``family``'s config in ``preset``, its tensors stored
+  in ``dtype`` (bfloat16 halves the memory the build needs; both frameworks then load the
+  same rounded weights in their own dtype). Returns the parameter count."""
   import torch
   import transformers
   cls_name, kwargs = PRESETS[preset][family]
   config = getattr(transformers, cls_name)(**kwargs)
   torch.manual_seed(0)
-  model = transformers.AutoModelForCausalLM.from_config(config)
+  model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
   model.save_pretrained(path)
   return sum(p.numel() for p in model.parameters())
 
@@ -373,6 +382,9 @@ def main():
                                "or lm_throughput_<preset>.md for other presets)")
   p.add_argument("--families", nargs="+", help="models of the preset to run (default: all)")
   p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+  p.add_argument("--checkpoint-dtype", choices=["float32", "bfloat16"],
+                 help="dtype the random checkpoint is stored in (default: --dtype); bfloat16 "
+                      "lets a model whose float32 weights fit memory once, not twice, be built")
   p.add_argument("--torch-device", default="auto",
                  help="cpu, cuda or cuda:N (default: cuda when torch sees one, else cpu)")
   p.add_argument("--batch", type=int, default=4)
@@ -414,7 +426,8 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     for family in families:
       path = os.path.join(tmp, family)
-      n_params = build_checkpoint(family, path, args.preset)
+      n_params = build_checkpoint(family, path, args.preset,
+                                  args.checkpoint_dtype or args.dtype)
       ours = _run_child("harnax", path, args)
       loads.append(os.getloadavg()[0])
       ref = _run_child("torch", path, args)
@@ -440,7 +453,9 @@ def main():
       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
       f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}; "
       f"devices: {', '.join(devices)}; {args.dtype} weights and activations in both "
-      f"frameworks; random weights (same for both).",
+      f"frameworks; random weights (same for both"
+      + (f", stored in {args.checkpoint_dtype})." if args.checkpoint_dtype not in (None, args.dtype)
+         else ")."),
       f"Prefill: batch {args.batch} x {args.prompt} tokens, KV cache filled, last-position "
       f"logits only (both frameworks). Decode: {args.new} new tokens after a "
       f"{args.prompt}-token prompt (greedy), batch sizes {args.decode_batches}. Best of "
