@@ -7,9 +7,14 @@ everything before them, averaged over all output tokens of a batch (not per sequ
   L = - sum_{b, t} m[b, t] log p(x[b, t] | x[b, <t]) / sum_{b, t} m[b, t],
 
 with `m` the loss mask (output tokens that have a real predecessor). The prompt is context
-only. The tokens are exactly the ones `harnax.policies.lm.encode_candidates` scores (prompt
-and output encoded separately), so a trained model's candidate probabilities are the
-distribution it was trained to fit.
+only, unless `prompt_weight` w > 0: then the prompt tokens count too, each with weight w,
+
+  L = - sum_{b, t} m_w[b, t] log p(x[b, t] | x[b, <t]) / sum_{b, t} m_w[b, t],
+  m_w = m + w * (real prompt tokens with a real predecessor),
+
+which also trains the model to predict its contexts. The tokens are exactly the ones
+`harnax.policies.lm.encode_candidates` scores (prompt and output encoded separately), so a
+trained model's candidate probabilities are the distribution it was trained to fit.
 
 `train_sft` runs optax (gradient clipping, AdamW) on the model's `nnx.Param` state with one
 jitted step per batch; batches are drawn without replacement from seeded permutations of the
@@ -106,7 +111,8 @@ def encode_examples(tokenizer, prompts: Sequence[str], outputs: Sequence[str], *
   return SFTData(ids=ids, attention_mask=attention, loss_mask=loss)
 
 
-def sft_loss(model, ids: Array, attention_mask: Array, loss_mask: Array) -> Array:
+def sft_loss(model, ids: Array, attention_mask: Array, loss_mask: Array,
+             prompt_weight: float | Array = 0.0) -> Array:
   """Mean next-token negative log-likelihood over the loss-mask tokens (nats per token).
 
   Args:
@@ -115,22 +121,28 @@ def sft_loss(model, ids: Array, attention_mask: Array, loss_mask: Array) -> Arra
     attention_mask: `[B, T]`, true on real tokens (left or right padding).
     loss_mask: `[B, T]`, true on the tokens whose log-probability counts; a token without a
       real predecessor (the first of a row) or that is padding does not count.
+    prompt_weight: the weight w >= 0 of every other real token that has a real predecessor
+      (the prompt); 0 (default) leaves the prompt out of the loss.
 
   Returns:
-    Scalar float32 (float64 for a float64 model): `-sum(m * log p) / max(sum(m), 1)`.
+    Scalar float32 (float64 for a float64 model): `-sum(m_w * log p) / sum(m_w)` with
+    `m_w = m + w * prompt` (the module docstring); 0 when nothing counts.
   """
   logits = model(ids, attention_mask=attention_mask)                             # [B, T, V]
   lp = logprobs_lib.token_logprobs(logits[:, :-1], ids[:, 1:])                 # [B, T - 1]
-  mask = (jnp.asarray(loss_mask, bool)
-          & logprobs_lib.has_context(jnp.asarray(attention_mask)))[:, 1:]
-  total = jnp.sum(jnp.where(mask, lp, 0.0))
-  return -total / jnp.maximum(jnp.sum(mask), 1).astype(total.dtype)
+  counted = logprobs_lib.has_context(jnp.asarray(attention_mask))[:, 1:]
+  out = jnp.asarray(loss_mask, bool)[:, 1:]
+  weight = jnp.where(out, 1.0, jnp.asarray(prompt_weight, lp.dtype)).astype(lp.dtype)
+  weight = jnp.where(counted, weight, 0.0)
+  total = jnp.sum(jnp.where(weight > 0, weight * lp, 0.0))
+  denom = jnp.sum(weight)
+  return jnp.where(denom > 0, -total / jnp.where(denom > 0, denom, 1.0), 0.0)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _step(graphdef, optimizer, params, opt_state, rest, batch):
+def _step(graphdef, optimizer, params, opt_state, rest, batch, prompt_weight):
   def loss_fn(p):
-    return sft_loss(nnx.merge(graphdef, p, rest), *batch)
+    return sft_loss(nnx.merge(graphdef, p, rest), *batch, prompt_weight=prompt_weight)
 
   loss, grads = jax.value_and_grad(loss_fn)(params)
   updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -156,7 +168,8 @@ def train_sft(model, examples: SFTData, *, batch_size: int, learning_rate: float
               num_steps: int | None = None, epochs: float | None = None, seed: int = 0,
               weight_decay: float = 0.0, warmup_steps: int = 0, decay: bool = True,
               clip_norm: float | None = 1.0, log: Log | None = None,
-              log_every: int = 50, length_bucket: int | None = None) -> SFTResult:
+              log_every: int = 50, length_bucket: int | None = None,
+              prompt_weight: float = 0.0) -> SFTResult:
   """Trains `model` by supervised next-token learning on `examples` (AdamW).
 
   Args:
@@ -177,6 +190,8 @@ def train_sft(model, examples: SFTData, *, batch_size: int, learning_rate: float
       longest row (the rows are right-padded, so only padding is cut and the loss is
       unchanged); None trains every batch at the full length. Short batches then cost less,
       for one compilation per length used.
+    prompt_weight: the loss weight of each prompt token relative to an output token (`sft_loss`;
+      0: outputs only). The reported losses are then the weighted mean.
 
   Returns:
     `SFTResult(model, losses [num_steps])`.
@@ -208,6 +223,9 @@ def train_sft(model, examples: SFTData, *, batch_size: int, learning_rate: float
     raise ValueError(f"warmup_steps: expected a non-negative int, got {warmup_steps!r}")
   if clip_norm is not None and not float(clip_norm) > 0:
     raise ValueError(f"clip_norm: expected > 0 or None, got {clip_norm!r}")
+  if isinstance(prompt_weight, bool) or not isinstance(prompt_weight, (int, float)) or not (
+      math.isfinite(prompt_weight) and prompt_weight >= 0):
+    raise ValueError(f"prompt_weight: expected a finite number >= 0, got {prompt_weight!r}")
   num_steps, warmup_steps = int(num_steps), int(warmup_steps)
   if length_bucket is not None and (isinstance(length_bucket, bool) or not isinstance(
       length_bucket, (int, np.integer)) or length_bucket < 1):
@@ -232,7 +250,8 @@ def train_sft(model, examples: SFTData, *, batch_size: int, learning_rate: float
     if length_bucket is not None:
       t = -(-int(row_lengths[order[i]].max()) // int(length_bucket)) * int(length_bucket)
       batch = tuple(x[:, :min(t, x.shape[1])] for x in batch)
-    params, opt_state, loss = _step(graphdef, optimizer, params, opt_state, rest, batch)
+    params, opt_state, loss = _step(graphdef, optimizer, params, opt_state, rest, batch,
+                                    jnp.float32(prompt_weight))
     losses.append(loss)
     if log is not None and ((i + 1) % log_every == 0 or i + 1 == num_steps):
       log(f"sft step {i + 1}/{num_steps}: loss {float(loss):.4f}")

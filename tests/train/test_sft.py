@@ -40,17 +40,19 @@ def _params(model):
   return jax.tree.leaves(nnx.state(model, nnx.Param))
 
 
-def _reference_loss(logits, ids, attention, loss):
-  """Masked mean NLL in float64, token by token."""
+def _reference_loss(logits, ids, attention, loss, prompt_weight=0.0):
+  """Weighted mean NLL in float64, token by token: weight 1 on loss-mask tokens, prompt_weight
+  on the other real tokens, each only with a real predecessor."""
   logits = np.asarray(logits, np.float64)
-  total, count = 0.0, 0
+  total, count = 0.0, 0.0
   for b in range(ids.shape[0]):
     for t in range(1, ids.shape[1]):
-      if loss[b, t] and attention[b, t] and attention[b, t - 1]:
+      if attention[b, t] and attention[b, t - 1]:
+        w = 1.0 if loss[b, t] else prompt_weight
         row = logits[b, t - 1]
         logz = row.max() + np.log(np.sum(np.exp(row - row.max())))
-        total -= row[ids[b, t]] - logz
-        count += 1
+        total -= w * (row[ids[b, t]] - logz)
+        count += w
   return total / count
 
 
@@ -72,6 +74,10 @@ def test_loss_matches_float64_numpy():
   np.testing.assert_allclose(got, expected, rtol=2e-6)
   # A mask with nothing to count gives 0, not NaN.
   assert float(_loss(model, ids, attention, np.zeros_like(loss))) == 0.0
+  # The prompt tokens count with their weight; padding and first tokens still never count.
+  for w in (0.25, 1.0):
+    np.testing.assert_allclose(float(_loss(model, ids, attention, loss, w)),
+                               _reference_loss(logits, ids, attention, loss, w), rtol=2e-6)
 
 
 def test_encode_examples_layout():
@@ -154,6 +160,10 @@ def test_epochs_and_bad_input():
     train.train_sft(model, data, num_steps=2, batch_size=8, learning_rate=0.0)
   with pytest.raises(ValueError, match="examples"):
     train.train_sft(model, (data.ids,), num_steps=2, batch_size=8, learning_rate=1e-3)
+  for bad in (-0.5, float("nan"), True, "1"):
+    with pytest.raises(ValueError, match="prompt_weight"):
+      train.train_sft(model, data, num_steps=2, batch_size=8, learning_rate=1e-3,
+                      prompt_weight=bad)
 
 
 def test_length_buckets_cut_only_padding(trained):
