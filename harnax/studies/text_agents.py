@@ -470,6 +470,46 @@ def evaluate(model, tokenizer, tasks, setting: str, *, window: int, max_steps: i
   return traces, stats
 
 
+def decision_accuracy(model, tokenizer, examples: Sequence[dict], *, batch_size: int = 16,
+                      max_new_tokens: int = 64) -> dict:
+  """How often the model's greedy action equals the expert's on expert-labelled states.
+
+  A fast check of a build, minutes instead of the hour full episodes take: winning a
+  20-step episode needs nearly every decision right (0.95 per step wins 36 % of them), so a
+  build whose per-state accuracy is far from 1 will not win, whatever its training loss.
+
+  Args:
+    model, tokenizer: the agent.
+    examples: ``{"context", "action"}`` dicts, e.g. :func:`walkthroughs` of held-out tasks.
+    batch_size: contexts per batched generation.
+    max_new_tokens: generation budget per output.
+
+  Returns:
+    ``{"overall": Rate, "by_verb": {verb: Rate}, "parse_failures": int}``: the share of
+    states whose parsed action equals the expert's action (an output without an action
+    counts as wrong), overall and per the expert's command verb ("go", "open", "take", …).
+  """
+  examples = list(examples)
+  if not examples:
+    raise ValueError("examples: expected at least one expert-labelled state")
+  for i, e in enumerate(examples):
+    if not isinstance(e, dict) or not {"context", "action"} <= set(e):
+      raise ValueError(f"examples[{i}]: expected a dict with 'context' and 'action'")
+  generator = rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens)
+  outputs = []
+  for start in range(0, len(examples), batch_size):
+    outputs += generator([e["context"] for e in examples[start:start + batch_size]])
+  actions = [text_agent.parse_output(o.text).action for o in outputs]
+  right = [a is not None and a.strip() == e["action"].strip()
+           for a, e in zip(actions, examples)]
+  verbs: dict[str, list[bool]] = {}
+  for e, ok in zip(examples, right):
+    verbs.setdefault(e["action"].split(" ", 1)[0], []).append(ok)
+  rate = lambda oks: text_metrics.Rate(int(sum(oks)), len(oks))  # noqa: E731
+  return {"overall": rate(right), "by_verb": {v: rate(oks) for v, oks in sorted(verbs.items())},
+          "parse_failures": sum(a is None for a in actions)}
+
+
 def random_agent(tasks, *, max_steps: int, seed: int = 0) -> list[text_metrics.EpisodeTrace]:
   """The random baseline: a uniformly drawn admissible command each turn, through the harness."""
   rng = random.Random(seed)

@@ -7,11 +7,14 @@ import os
 import random
 import re
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import text_agents as config_lib
 from harnax.envs.text import alfworld
+from harnax.models import decoding
+from harnax.policies import text_agent
 from harnax.studies import text_agents
 from harnax.studies import text_metrics
 from harnax.train import rollouts
@@ -210,3 +213,35 @@ def test_dagger_labels_the_states_the_model_reaches(built):
   assert all(e["output"].endswith("Action: " + e["action"]) for e in own)
   with pytest.raises(ValueError, match="expert_prob"):
     text_agents.dagger_examples(model, tok, tasks, window=1, max_steps=1, expert_prob=2.0)
+
+
+def test_decision_accuracy_against_one_prompt_at_a_time_generation(built):
+  cfg, directory, _ = built
+  model, tok = text_agents.load_agent(directory)
+  tasks = alfworld.tasks("seen", per_type=1, task_types=tuple(cfg.task_types), seed=5)
+  examples, _ = text_agents.walkthroughs(tasks, window=cfg.window, max_steps=50)
+  examples = examples[:6]
+  # The reference: each prompt generated alone (no batch, no padding), greedy, up to eos.
+  actions = []
+  for e in examples:
+    ids = tok.encode(text_agent.format_prompt(tok, e["context"]))
+    out = decoding.generate(model, jnp.asarray([ids], jnp.int32), max_new_tokens=64,
+                            stop_tokens=[tok.eos_token_id])
+    n = int(out.lengths[0])
+    text = tok.decode([int(t) for t in out.tokens[0, :n] if int(t) != tok.eos_token_id])
+    actions.append(text_agent.parse_output(text).action)
+  expected = sum(a == e["action"] for a, e in zip(actions, examples))
+  got = text_agents.decision_accuracy(model, tok, examples, batch_size=4)
+  assert (got["overall"].successes, got["overall"].trials) == (expected, 6)
+  assert got["parse_failures"] == sum(a is None for a in actions)
+  assert sum(r.trials for r in got["by_verb"].values()) == 6
+  # Labelled with the model's own actions, every state with an action is right.
+  own = [dict(e, action=a) for e, a in zip(examples, actions) if a is not None]
+  assert own, "the micro build wrote no parsable action at all"
+  assert text_agents.decision_accuracy(model, tok, own)["overall"].value == 1.0
+  wrong = [dict(e, action="fly to the moon") for e in examples]
+  assert text_agents.decision_accuracy(model, tok, wrong)["overall"].successes == 0
+  with pytest.raises(ValueError, match="examples"):
+    text_agents.decision_accuracy(model, tok, [])
+  with pytest.raises(ValueError, match=r"examples\[0\]"):
+    text_agents.decision_accuracy(model, tok, [{"context": "x"}])
