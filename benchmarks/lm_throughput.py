@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -278,7 +279,12 @@ def measure_scaling(path: str, lengths, new: int, repeats: int) -> dict:
   """harnax prefill time (batch 1) and decode time per token against the context length, for
   the checkpoint's own layer types and for the same weights with every layer linear (Gated
   DeltaNet): the linear layers' decode state has a fixed size, so only attention layers make
-  decode slower as the context grows."""
+  decode slower as the context grows.
+
+  A decode step of the 100M model takes about 20 ms and varies by a few ms from run to run, as
+  much as the effect looked for; so the decode times come from ``max(repeats, 5)`` rounds that
+  each time every length once (interleaved, so a slow stretch of the machine hits all lengths
+  alike), and the report gives their median and range."""
   from flax import nnx
   import jax
   import jax.numpy as jnp
@@ -293,20 +299,17 @@ def measure_scaling(path: str, lengths, new: int, repeats: int) -> dict:
   out = {}
   for name, m in (("hybrid", model), ("linear", linear)):
     graphdef, state = nnx.split(m)
+    runs = {}
     for length in lengths:
       ids = jnp.asarray(rng.randint(0, cfg.vocab_size, (1, length)), jnp.int32)
-      mask = jnp.ones_like(ids)
 
-      def run_prefill():
-        logits, cache = gen.prefill(graphdef, state, ids, mask, m.init_cache(1, length + new))
+      def run_prefill(ids=ids, length=length):
+        logits, cache = gen.prefill(graphdef, state, ids, jnp.ones_like(ids),
+                                    m.init_cache(1, length + new))
         jax.block_until_ready((logits, cache))
         return logits, cache
 
-      run_prefill()  # compile
-      if name == "hybrid":
-        out[f"prefill_s_{length}"] = _timeit(run_prefill, repeats)
-
-      def run_decode():
+      def run_decode(run_prefill=run_prefill):
         logits, cache = run_prefill()
         t0 = time.perf_counter()
         res, _ = gen.decode(jax.random.key(0), graphdef, state, cache, logits,
@@ -314,8 +317,18 @@ def measure_scaling(path: str, lengths, new: int, repeats: int) -> dict:
         res.tokens.block_until_ready()
         return (time.perf_counter() - t0) / new
 
+      run_prefill()  # compile
+      if name == "hybrid":
+        out[f"prefill_s_{length}"] = _timeit(run_prefill, repeats)
       run_decode()  # compile
-      out[f"{name}_decode_s_{length}"] = min(run_decode() for _ in range(repeats))
+      runs[length] = run_decode
+    times = {length: [] for length in lengths}
+    for _ in range(max(repeats, 5)):
+      for length in lengths:
+        times[length].append(runs[length]())
+    for length, ts in times.items():
+      out[f"{name}_decode_s_{length}"] = float(np.median(ts))
+      out[f"{name}_decode_range_s_{length}"] = (float(np.min(ts)), float(np.max(ts)))
   return out
 
 
@@ -326,12 +339,16 @@ def scaling_report(res: dict, lengths) -> list[str]:
   lines = ["", "Qwen3.5 (`qwen3_5` model, harnax, batch 1): prefill time against the prompt "
            f"length, fitted `time ~ length^p`: **p = {slope:.2f}** (linear: 1). Decode time per "
            "token with the context filled to that length, for the model's hybrid stack (1 layer "
-           "in 4 full attention) and for the same weights with every layer Gated DeltaNet:", "",
+           "in 4 full attention) and for the same weights with every layer Gated DeltaNet: the "
+           "median of interleaved rounds, with the fastest and slowest round in brackets:", "",
            "| context | prefill s | prefill tok/s | decode ms/token, hybrid | decode ms/token, "
            "all linear |", "|---|---|---|---|---|"]
+
+  def ms(kind, n):
+    lo, hi = res.get(f"{kind}_decode_range_s_{n}", (math.nan, math.nan))
+    return f"{1e3 * res[f'{kind}_decode_s_{n}']:.1f} [{1e3 * lo:.1f}, {1e3 * hi:.1f}]"
   for n, t in zip(lengths, prefill):
-    lines.append(f"| {n} | {t:.3f} | {n / t:.0f} | {1e3 * res[f'hybrid_decode_s_{n}']:.1f} | "
-                 f"{1e3 * res[f'linear_decode_s_{n}']:.1f} |")
+    lines.append(f"| {n} | {t:.3f} | {n / t:.0f} | {ms('hybrid', n)} | {ms('linear', n)} |")
   return lines
 
 
