@@ -83,6 +83,9 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.eval.batch_size = 8
   config.eval.max_steps = 50    # turns per evaluation episode
   config.eval.max_new_tokens = 64
+  # Expert states per split (of the evaluation tasks' walkthroughs) on which the agent's
+  # greedy action is compared with the expert's (text_agents.decision_accuracy; 0: skip).
+  config.eval.decision_states = 160
   config.eval.settings = ("with_harness", "harness_removed", "state_tracking_hidden",
                           "action_monitoring_hidden")
 

@@ -541,8 +541,10 @@ def eval_tasks(cfg) -> dict[str, list[GameTask]]:
 
 def run(cfg, *, log: Log | None = None) -> dict:
   """Builds (or loads) the agent, then evaluates it and the random baseline under every setting
-  on seen and unseen tasks. Returns ``{"agent": {setting: {split: traces}}, "random": {split:
-  traces}, "stats": ..., "agent_dir": ...}``."""
+  on seen and unseen tasks, and the agent's actions at the expert's states of the same tasks
+  (``cfg.eval.decision_states`` per split; 0 skips). Returns ``{"agent": {setting: {split:
+  traces}}, "random": {split: traces}, "decisions": {split: decision_accuracy(...)}, "stats":
+  ..., "agent_dir": ...}``."""
   say = log or (lambda line: None)
   directory = cfg.checkpoint or build_agent(cfg, cfg.agent_dir, log=say)
   model, tok = load_agent(directory)
@@ -559,7 +561,20 @@ def run(cfg, *, log: Log | None = None) -> dict:
           f"{text_metrics.success(traces)} ({st['seconds']:.0f} s)")
   rnd = {split: random_agent(ts, max_steps=int(cfg.eval.max_steps), seed=int(cfg.seed))
          for split, ts in tasks.items()}
-  return {"agent": agent, "random": rnd, "stats": stats, "agent_dir": directory}
+  decisions = {}
+  cap = int(cfg.eval.get("decision_states", 0) or 0)
+  for split, ts in tasks.items() if cap else ():
+    # The expert's walkthroughs of the evaluation tasks: per-state accuracy (decision_accuracy).
+    examples, _ = walkthroughs(ts, window=int(cfg.window), max_steps=int(cfg.eval.max_steps))
+    if len(examples) > cap:
+      examples = random.Random(int(cfg.seed)).sample(examples, cap)
+    decisions[split] = decision_accuracy(model, tok, examples,
+                                         batch_size=int(cfg.eval.batch_size),
+                                         max_new_tokens=int(cfg.eval.max_new_tokens))
+    say(f"text agents: {split} expert states: {decisions[split]['overall']} of the agent's "
+        f"actions are the expert's")
+  return {"agent": agent, "random": rnd, "stats": stats, "agent_dir": directory,
+          "decisions": decisions}
 
 
 def _cell(rate: text_metrics.Rate) -> str:
@@ -593,6 +608,18 @@ def render(cfg, result: dict) -> str:
       rows.append([name, s, _cell(m["harness_utilization"]), _cell(m["stall_prevention"]),
                    _cell(m["stall_escape"])])
   lines += [markdown_table(header, rows), ""]
+  decisions = result.get("decisions") or {}
+  if decisions:
+    verbs = sorted({v for d in decisions.values() for v in d["by_verb"]})
+    lines += ["## The agent's action at the expert's states (% equal to the expert's)", "",
+              "States of the expert's walkthroughs of the same tasks (at most "
+              f"{cfg.eval.decision_states} per split), greedy; an episode needs nearly all "
+              "of them right.", ""]
+    header = ["split", "all"] + verbs + ["no action"]
+    rows = [[split, _cell(d["overall"])]
+            + [_cell(d["by_verb"][v]) if v in d["by_verb"] else "-" for v in verbs]
+            + [str(d["parse_failures"])] for split, d in decisions.items()]
+    lines += [markdown_table(header, rows), ""]
   return "\n".join(lines)
 
 
@@ -604,4 +631,10 @@ def metrics(result: dict) -> dict:
       for split, traces in splits.items():
         out[f"{name}/{s}/{split}"] = {k: {"successes": v.successes, "trials": v.trials}
                                       for k, v in text_metrics.summarize(traces).items()}
+  for split, d in (result.get("decisions") or {}).items():
+    out[f"agent/decisions/{split}"] = {
+        "overall": {"successes": d["overall"].successes, "trials": d["overall"].trials},
+        "by_verb": {v: {"successes": r.successes, "trials": r.trials}
+                    for v, r in d["by_verb"].items()},
+        "parse_failures": d["parse_failures"]}
   return out

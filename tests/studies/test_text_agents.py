@@ -152,6 +152,14 @@ def test_random_agent_and_report(built):
   assert m["agent/with_harness/seen"]["success"]["trials"] == len(tasks)
   assert isinstance(text_metrics.success(result["random"]["seen"]).value, float)
   assert np.isfinite(text_metrics.harness_utilization(result["random"]["seen"]).value)
+  # Per-state accuracy on the expert's walkthroughs of the same tasks (eval.max_steps each).
+  for split in ("seen", "unseen"):
+    walk, _ = text_agents.walkthroughs(text_agents.eval_tasks(cfg)[split], window=cfg.window,
+                                       max_steps=cfg.eval.max_steps)
+    d = result["decisions"][split]
+    assert d["overall"].trials == min(len(walk), cfg.eval.decision_states)
+    assert m[f"agent/decisions/{split}"]["overall"]["trials"] == d["overall"].trials
+  assert "## The agent's action at the expert's states" in text
 
 
 def test_bad_inputs(tmp_path):
