@@ -6,25 +6,10 @@ import re
 import subprocess
 import sys
 
+from tests.scripts import tables as md
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "benchmarks", "lm_policy_gradient.py")
-
-
-def _table(text, header):
-  """The rows (lists of cells) of the markdown table whose header row starts with `header`."""
-  lines = text.splitlines()
-  start = next(i for i, line in enumerate(lines) if line.startswith(header))
-  rows = []
-  for line in lines[start + 2:]:
-    if not line.startswith("|"):
-      break
-    rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-  return rows
-
-
-def _seconds(cell):
-  value, unit = cell.split()
-  return float(value) * {"s": 1.0, "ms": 1e-3}[unit]
 
 
 def test_quick_run_writes_consistent_tables(tmp_path):
@@ -40,43 +25,43 @@ def test_quick_run_writes_consistent_tables(tmp_path):
   assert "CPU cores" in text and "load average" in text
 
   # Section 1: the three scorers, tree first; ratios are the median times over the tree's.
-  methods = _table(text, "| size | method |")
+  methods = md.table(text, "| size | method |")
   assert [row[1] for row in methods] == ["`tree`", "`cache`", "`unshared`"]
-  tree_s = _seconds(methods[0][4])
+  tree_s = md.seconds(methods[0][4])
   for row in methods:
     ratio = float(row[6].split()[0])
     assert ratio > 0 and int(row[10]) > 0  # peak RSS in MB
-    if min(tree_s, _seconds(row[4])) >= 0.01:  # printed to 1 ms
-      assert abs(ratio - _seconds(row[4]) / tree_s) <= 0.1 * ratio + 0.02
+    if min(tree_s, md.seconds(row[4])) >= 0.01:  # printed to 1 ms
+      assert abs(ratio - md.seconds(row[4]) / tree_s) <= 0.1 * ratio + 0.02
   assert methods[0][6] == "1.00 (1.00)"
 
   # Section 2: torch agrees with harnax (the script refuses to time otherwise), one thread.
-  [versus] = _table(text, "| size | threads |")
+  [versus] = md.table(text, "| size | threads |")
   assert versus[1] == "1"
   assert float(versus[12]) <= 1e-4
   embed_err, norm_err = (float(x) for x in versus[13].split(" / "))
   assert embed_err <= 1e-3 and norm_err <= 1e-3
   assert float(versus[6]) > 0
   # CPU time (process time): the ratio column follows from the two times.
-  cpu_harnax, cpu_torch = (_seconds(x) for x in versus[10].split(" / "))
+  cpu_harnax, cpu_torch = (md.seconds(x) for x in versus[10].split(" / "))
   if min(cpu_harnax, cpu_torch) >= 0.01:
     assert abs(float(versus[11]) - cpu_torch / cpu_harnax) <= 0.1 * float(versus[11]) + 0.02
   # The one-thread run is profiled: one row per framework, shares summing to ~100%.
-  breakdown = _table(text, "| size | threads | framework |")
+  breakdown = md.table(text, "| size | threads | framework |")
   assert [row[2] for row in breakdown] == ["harnax", "torch"]
   for row in breakdown:
     shares = [int(re.search(r"\((\d+)%\)", cell).group(1)) for cell in row[4:]]
     assert len(shares) == 5 and abs(sum(shares) - 100) <= 3
 
   # Section 3: one row per micro-batch size, peak >= the memory before the first step.
-  sweep = _table(text, "| micro-batch |")
+  sweep = md.table(text, "| micro-batch |")
   assert [row[0] for row in sweep] == ["1", "2"]
   for row in sweep:
     assert float(row[3]) > 0
     assert int(row[7]) >= int(row[6])
 
   # Targets: the verdicts follow from the ratios.
-  targets = _table(text, "| comparison |")
+  targets = md.table(text, "| comparison |")
   assert len(targets) == 4  # tree vs cache, vs unshared, vs torch (wall and CPU time)
   for name, value, value_min, goal, met, met_min in targets:
     if goal == "-":

@@ -8,28 +8,10 @@ import sys
 
 import pytest
 
+from tests.scripts import tables as md
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOLVER_SCRIPT = os.path.join(ROOT, "benchmarks", "solver_throughput.py")
-
-
-def _tables(text, first_header):
-  """Every markdown table whose header starts with `first_header`, as lists of rows of cells."""
-  lines = text.splitlines()
-  tables = []
-  for start, line in enumerate(lines):
-    if line.startswith(f"| {first_header} |"):
-      rows = []
-      for row in lines[start + 2:]:
-        if not row.startswith("|"):
-          break
-        rows.append([c.strip() for c in row.strip().strip("|").split("|")])
-      tables.append(rows)
-  return tables
-
-
-def _seconds(cell):
-  value, unit = cell.split()
-  return float(value) * {"s": 1.0, "ms": 1e-3}[unit]
 
 
 @pytest.mark.slow
@@ -42,23 +24,23 @@ def test_quick_solver_run_reports_targets_and_classes_consistently(tmp_path):
   # Progress goes to stderr, one line per measured row; nothing to stdout.
   assert proc.stdout == ""
   progress = [line for line in proc.stderr.splitlines() if line.startswith("[")]
-  [classes] = _tables(text, "class")
+  [classes] = md.tables(text, "class")
   assert len(progress) >= len(classes)
   # Targets: the verdict follows from the ratio and the goal; the ratio from the times
   # (printed to 0.1 ms, so only roughly).
-  [targets] = _tables(text, "target")
+  [targets] = md.tables(text, "target")
   assert len(targets) == 4
   for name, ours, base, ratio, goal, met in targets:
     value = float(ratio.rstrip("x"))
     op, bound = goal.split()
     ok = value >= float(bound.rstrip("x")) if op == ">=" else value <= float(bound.rstrip("x"))
     assert met == ("yes" if ok else "**no**")
-    ours_s, base_s = _seconds(ours), _seconds(base)
+    ours_s, base_s = md.seconds(ours), md.seconds(base)
     if min(ours_s, base_s) >= 1e-3:
       expected = ours_s / base_s if "unreachable" in name else base_s / ours_s
       assert abs(value - expected) <= 0.15 * expected + 0.05
   # Every certificate contains the true error, in every table (column "error within bound").
-  method_tables = _tables(text, "method")
+  method_tables = md.tables(text, "method")
   assert len(method_tables) == 4
   for rows in method_tables + [[row[1:] for row in classes]]:
     for row in rows:

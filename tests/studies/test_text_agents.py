@@ -228,7 +228,7 @@ def test_decision_accuracy_against_one_prompt_at_a_time_generation(built):
   model, tok = text_agents.load_agent(directory)
   tasks = alfworld.tasks("seen", per_type=1, task_types=tuple(cfg.task_types), seed=5)
   examples, _ = text_agents.walkthroughs(tasks, window=cfg.window, max_steps=50)
-  examples = examples[:6]
+  examples = examples[:3]  # each reference generation below compiles for its own length
   # The reference: each prompt generated alone (no batch, no padding), greedy, up to eos.
   actions = []
   for e in examples:
@@ -239,10 +239,10 @@ def test_decision_accuracy_against_one_prompt_at_a_time_generation(built):
     text = tok.decode([int(t) for t in out.tokens[0, :n] if int(t) != tok.eos_token_id])
     actions.append(text_agent.parse_output(text).action)
   expected = sum(a == e["action"] for a, e in zip(actions, examples))
-  got = text_agents.decision_accuracy(model, tok, examples, batch_size=4)
-  assert (got["overall"].successes, got["overall"].trials) == (expected, 6)
+  got = text_agents.decision_accuracy(model, tok, examples, batch_size=2)
+  assert (got["overall"].successes, got["overall"].trials) == (expected, 3)
   assert got["parse_failures"] == sum(a is None for a in actions)
-  assert sum(r.trials for r in got["by_verb"].values()) == 6
+  assert sum(r.trials for r in got["by_verb"].values()) == 3
   # Labelled with the model's own actions, every state with an action is right.
   own = [dict(e, action=a) for e, a in zip(examples, actions) if a is not None]
   assert own, "the micro build wrote no parsable action at all"
