@@ -165,7 +165,11 @@ SPLIT_PATTERN = r"\p{N}|[\r\n]+|[^\r\n\p{N}]+"
 # space. "go to cabinet 10" and "not visited: cabinet 10, ..." then hold the same two tokens
 # " cabinet", " 10", so copying a name is copying tokens.
 WORD_PATTERN = r" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|[\r\n]+|[^\S\r\n]+"
-PATTERNS = {"runs": SPLIT_PATTERN, "words": WORD_PATTERN}
+# Name pre-tokenization: as words, but a word followed by a space and a whole number is one
+# piece (" cabinet 10"), so an instance name the texts use often becomes one token, and copying
+# a name from the context is copying one token.
+NAME_PATTERN = r" ?\p{L}+ \p{N}+(?!\p{N})| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|[\r\n]+|[^\S\r\n]+"
+PATTERNS = {"runs": SPLIT_PATTERN, "words": WORD_PATTERN, "names": NAME_PATTERN}
 
 
 def train_tokenizer(texts: Sequence[str], path: str, *, vocab_size: int,
@@ -191,8 +195,9 @@ def train_tokenizer(texts: Sequence[str], path: str, *, vocab_size: int,
     min_frequency: a pair is merged only if it occurs at least this often.
     max_token_length: the longest token in characters (None: no limit).
     model_max_length: recorded in ``tokenizer_config.json`` (transformers' length limit).
-    pre_tokenize: ``"runs"`` (:data:`SPLIT_PATTERN`: digits alone, merges inside runs) or
-      ``"words"`` (:data:`WORD_PATTERN`: words and whole numbers with their leading space).
+    pre_tokenize: ``"runs"`` (:data:`SPLIT_PATTERN`: digits alone, merges inside runs),
+      ``"words"`` (:data:`WORD_PATTERN`: words and whole numbers with their leading space) or
+      ``"names"`` (:data:`NAME_PATTERN`: as words, "word number" one piece).
 
   Returns:
     The saved tokenizer, loaded back with :meth:`Tokenizer.from_dir`.

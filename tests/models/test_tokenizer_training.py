@@ -133,3 +133,26 @@ def test_word_pre_tokenization_names_are_the_same_tokens_everywhere(tmp_path):
   ref = transformers.AutoTokenizer.from_pretrained(path)
   for text in texts[:2]:
     assert ref.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+
+
+def test_name_pre_tokenization_makes_an_instance_one_token(tmp_path):
+  """With ``pre_tokenize="names"`` a frequent "word number" name is one token wherever it
+  stands (so copying it is copying one token); a number after punctuation stays apart, and
+  transformers tokenizes the texts alike."""
+  texts = ["unexplored: cabinet 1, cabinet 10, drawer 2\n> go to cabinet 10\n",
+           "Think: location: cabinet 10 (closed). I open cabinet 10.\nAction: open cabinet 10",
+           "seen in drawer 2 (turn 3): nothing"] * 5
+  path = str(tmp_path / "tok")
+  tok = tokenizer_lib.train_tokenizer(texts, path, vocab_size=400, pre_tokenize="names")
+  name = tok.encode(" cabinet 10", add_special_tokens=False)
+  assert [tok.decode([i]) for i in name] == [" cabinet 10"]
+  for text in ("unexplored: cabinet 1, cabinet 10", "go to cabinet 10", "I open cabinet 10."):
+    ids = tok.encode(text, add_special_tokens=False)
+    assert name[0] in ids, text
+    assert tok.decode(ids) == text
+  # "cabinet 1" is not the prefix of "cabinet 10": the number is whole.
+  assert tok.encode(" cabinet 1", add_special_tokens=False)[0] not in tok.encode(
+      " cabinet 10", add_special_tokens=False)
+  ref = transformers.AutoTokenizer.from_pretrained(path)
+  for text in texts[:3]:
+    assert ref.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)

@@ -17,6 +17,10 @@ ALFWorld (:func:`alfworld_step`), from the goal sentence (the six task types' te
 4. otherwise explore: open the closed receptacle here, or go to the first place the record has
    not explored (the record lists them sorted, so the choice is "the first name of that line").
 
+Every choice is the first fitting entry of a rendered record line, and the thought quotes that
+line up to the entry before the action names it (:func:`cite`): "task objects: none seen.
+unexplored: cabinet 11. I go to cabinet 11."
+
 ScienceWorld's expert is its gold path (``expert_plan()``), replayed with a generic thought.
 """
 
@@ -102,13 +106,44 @@ def _first(commands, prefix: str) -> str | None:
   return next((c for c in commands if c.startswith(prefix)), None)
 
 
-def _go(record: Record, place: str, why: str) -> ExpertStep:
+def cite(record: Record, header: str, item: str | None = None) -> str:
+  """The record's rendered ``header:`` line, cut after `item` and its status mark.
+
+  A thought quotes the line its decision rests on verbatim, so the name in the action is a
+  copy of a copy: from the line into the thought (the header's tokens are the same on both
+  sides, an induction a small model learns), then from the thought into the command.
+
+  Args:
+    record: the record now.
+    header: a line's key ("location", "also here", "task objects", "unexplored", ...).
+    item: an entry of that line: the quote ends after it (and after its "(closed)" /
+      "(unexplored)" / "(here)" mark). None: the whole line.
+  Raises:
+    ValueError: the record renders no such line, or `item` is not on it.
+  """
+  prefix = f"{header}: "
+  line = next((ln for ln in record.render().splitlines() if ln.startswith(prefix)), None)
+  if line is None:
+    raise ValueError(f"header: the record renders no {header!r} line")
+  if item is None:
+    return line
+  m = re.search(rf"(?:(?<=: )|(?<=, )){re.escape(item)}(?: \([a-z ]+\))?(?=,|$| in )", line)
+  if m is None:
+    raise ValueError(f"item: {item!r} is not on the record's {header!r} line {line!r}")
+  end = m.end()
+  if line[end:].startswith(" in "):  # "task objects": the entry names where it was seen
+    tail = re.match(r" in [a-z]+ \d+(?: \(here\))?", line[end:])
+    end += tail.end() if tail else 0
+  return line[:end]
+
+
+def _go(place: str, why: str) -> ExpertStep:
   return ExpertStep(f"go to {place}", f"{why} I go to {place}.")
 
 
 def _places_of(record: Record, cls: str) -> list[str]:
-  return sorted((p for p in record.places if name_class(p) == cls),
-                key=lambda p: (not record.places[p].visited, _number(p)))
+  """The known places of a class, by instance number ("shelf 1" first)."""
+  return sorted((p for p in record.places if name_class(p) == cls), key=_number)
 
 
 def _number(name: str) -> int:
@@ -124,33 +159,41 @@ def _placed(record: Record, goal: AlfWorldGoal) -> list[str]:
 
 
 def _local(record: Record) -> list[str]:
-  """The places at the agent's position: where it is, then the receptacles that share that spot
-  (the record's "also here": ALFWorld offers no "go to" for them)."""
-  if record.location is None:
-    return []
-  return [record.location] + sorted(record.nearby, key=_number)
+  """The places at the agent's position in the record's order: where it is, then the
+  receptacles that share that spot (the record's "also here": ALFWorld offers no "go to" for
+  them)."""
+  return record.spot()
+
+
+def _where_line(record: Record, place: str) -> str:
+  """The quote that says `place` is at the agent's spot: its location or also-here line."""
+  return cite(record, "location" if place == record.location else "also here", place)
 
 
 def _explore(record: Record, want: str, commands: tuple[str, ...]) -> ExpertStep:
   for place in _local(record):
     if record.openness.get(place) == CLOSED or (
         not record.explored(place) and f"open {place}" in commands):
-      return ExpertStep(f"open {place}", f"{place} here is closed; I open it to see inside.")
+      return ExpertStep(f"open {place}", f"{_where_line(record, place)}. I open {place}.")
     if not record.explored(place) and f"examine {place}" in commands:
-      return ExpertStep(f"examine {place}", f"{place} here is unexplored; I examine it.")
+      return ExpertStep(f"examine {place}", f"{_where_line(record, place)}. I examine {place}.")
   unexplored = record.unexplored()  # sorted by name, as the record renders them
+  seen = cite(record, "task objects") + ". " if record.goal.strip() else ""
   if unexplored:
-    return _go(record, unexplored[0], f"No {want} seen yet. The first unexplored place is "
-                                      f"{unexplored[0]}.")
+    return _go(unexplored[0], f"No {want} seen yet. {seen}"
+                              f"{cite(record, 'unexplored', unexplored[0])}.")
   closed = sorted(p for p, s in record.openness.items() if s == CLOSED)
   if closed:
-    return _go(record, closed[0], f"No {want} seen yet; {closed[0]} is still closed.")
+    return _go(closed[0], f"No {want} seen yet. {cite(record, 'closed', closed[0])}.")
   return ExpertStep("look", f"No {want} seen anywhere; I look around again.")
 
 
 def alfworld_step(goal: AlfWorldGoal | str, record: Record,
                   admissible: tuple[str, ...] | None) -> ExpertStep:
   """The expert's next action from the goal, the harness record and the admissible commands.
+
+  Every choice is the first fitting entry of one rendered record line, and the thought quotes
+  that line up to the entry (:func:`cite`) before naming the action.
 
   Args:
     goal: the parsed goal or the task sentence.
@@ -170,42 +213,43 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
 
   if carried:
     obj = carried[0]
+    inventory = cite(record, "inventory", obj)
     if goal.change is not None:
       prop, appliances = CHANGES[goal.change]
       if prop not in record.properties.get(obj, set()):
         for place in local:
           if name_class(place) in appliances:
             return ExpertStep(f"{goal.change} {obj} with {place}",
-                              f"I carry {obj} and it must be {prop}; I {goal.change} it with "
-                              f"{place}.")
+                              f"{inventory}. It is not {prop} yet. {_where_line(record, place)}. "
+                              f"I {goal.change} {obj} with {place}.")
         for cls in appliances:
           places = _places_of(record, cls)
           if places:
-            return _go(record, places[0], f"I carry {obj}; it must be {prop} first.")
+            return _go(places[0], f"{inventory}. It is not {prop} yet.")
         return _explore(record, " or ".join(appliances), commands)
     if goal.lamp is not None:
-      lamps = sorted((o for o in record.objects if name_class(o) == goal.lamp),
-                     key=_number)
+      lamps = [o for o in record.task_objects() if name_class(o) == goal.lamp]
       for lamp in lamps:
         where = record.objects[lamp].where
         if where in local:
-          return ExpertStep(f"use {lamp}", f"I carry {obj} and {lamp} is here; I use it.")
+          return ExpertStep(f"use {lamp}", f"{inventory}. {cite(record, 'task objects', lamp)}."
+                                           f" I use {lamp}.")
       if lamps:
-        return _go(record, record.objects[lamps[0]].where,
-                   f"I carry {obj}; the record shows {lamps[0]} in "
-                   f"{record.objects[lamps[0]].where}.")
+        return _go(record.objects[lamps[0]].where,
+                   f"{inventory}. {cite(record, 'task objects', lamps[0])}.")
       return _explore(record, goal.lamp, commands)
     targets = _places_of(record, goal.recep)
     for place in local:
       if name_class(place) != goal.recep:
         continue
       if record.openness.get(place) == CLOSED:
-        return ExpertStep(f"open {place}", f"{place} is closed; I open it to put {obj} in.")
+        return ExpertStep(f"open {place}", f"{inventory}. {_where_line(record, place)}. "
+                                           f"I open {place}.")
       put = _first(commands, f"move {obj} to {place}") or _first(commands, f"put {obj} ")
       return ExpertStep(put or f"move {obj} to {place}",
-                        f"I carry {obj}, ready; I put it in {place}.")
+                        f"{inventory}. {_where_line(record, place)}. I put {obj} in {place}.")
     if targets:
-      return _go(record, targets[0], f"I carry {obj}, ready for {goal.recep}.")
+      return _go(targets[0], f"{inventory}. It goes in a {goal.recep}.")
     return _explore(record, goal.recep, commands)
 
   others = [o for o in record.inventory if name_class(o) != goal.obj]
@@ -215,21 +259,23 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
     put = _first(commands, f"move {others[0]} to {local[0]}") or _first(commands,
                                                                          f"put {others[0]} ")
     return ExpertStep(put or f"move {others[0]} to {local[0]}",
-                      f"I carry {others[0]}, which the task does not need; I put it down here.")
+                      f"{cite(record, 'inventory', others[0])}. The task needs no {name_class(others[0])}. "
+                      f"I put {others[0]} down here.")
 
   placed = _placed(record, goal)
-  seen = sorted((o for o, s in record.objects.items()
-                 if name_class(o) == goal.obj and s.where != INVENTORY and o not in placed),
-                key=lambda o: (record.objects[o].where not in local, _number(o)))
+  # The record's task-objects order: those at the agent's spot first.
+  seen = [o for o in record.task_objects() if name_class(o) == goal.obj
+          and record.objects[o].where != INVENTORY and o not in placed]
   if seen:
     obj = seen[0]
     where = record.objects[obj].where
+    quote = cite(record, "task objects", obj)
     if where in local:
       if record.openness.get(where) == CLOSED:
-        return ExpertStep(f"open {where}", f"{obj} is in {where}, which is closed; I open it.")
-      return ExpertStep(f"take {obj} from {where}",
-                        f"The record shows {obj} in {where}, where I am; I take it.")
-    return _go(record, where, f"The record shows {obj} in {where}.")
+        return ExpertStep(f"open {where}", f"{quote}. {_where_line(record, where)}. "
+                                           f"I open {where}.")
+      return ExpertStep(f"take {obj} from {where}", f"{quote}. I take {obj} from {where}.")
+    return _go(where, f"{quote}.")
   want = goal.obj if not placed else f"second {goal.obj}"
   return _explore(record, want, commands)
 

@@ -220,15 +220,23 @@ class Record:
     return sorted(p for p in self.places if not self.explored(p))
 
   def task_objects(self) -> list[str]:
-    """Objects seen whose kind (the name without its number) is a word or phrase of the goal,
-    sorted by name."""
+    """Objects seen whose kind (the name without its number) is a word or phrase of the goal:
+    those at the agent's spot (:meth:`spot`) first, each group sorted by name."""
     goal = " ".join(re.findall(r"[a-z]+", self.goal.lower()))
     if not goal:
       return []
     def kind(name):
       return re.sub(r"\s+\d+$", "", name.lower())
-    return sorted(o for o in self.objects
-                  if re.search(rf"\b{re.escape(kind(o))}\b", goal))
+    spot = set(self.spot())
+    return sorted((o for o in self.objects if re.search(rf"\b{re.escape(kind(o))}\b", goal)),
+                  key=lambda o: (self.objects[o].where not in spot, o))
+
+  def spot(self) -> list[str]:
+    """The places at the agent's position, as rendered: where it is, then the receptacles
+    that share that spot (``also here``, sorted by name)."""
+    if self.location is None:
+      return []
+    return [self.location] + sorted(self.nearby)
 
   def _status(self, place: str) -> str:
     """" (closed)" / " (unexplored)" / "": what the agent can still do at a place here."""
@@ -241,9 +249,12 @@ class Record:
 
     The lines a decision rests on come first and name things exactly as commands do: the task,
     where the agent is and what can still be done there, what it carries, where the task's
-    objects were seen, and the places left to explore (sorted by name).
+    objects were seen (those at the agent's spot first, marked ``(here)``), and the places
+    left to explore (sorted by name). Every choice a walkthrough expert makes from a line is
+    its first fitting entry, so the order is the one a reader follows.
     """
     lines = [f"task: {self.goal.strip()}"] if self.goal.strip() else []
+    spot = set(self.spot())
     lines.append(f"location: {self.location or 'unknown'}"
                  + (self._status(self.location) if self.location else ""))
     if self.nearby:
@@ -254,7 +265,8 @@ class Record:
       inv = "nothing" if self.inventory_complete else "unknown"
     lines.append(f"inventory: {inv}")
     if self.goal.strip():
-      seen = [f"{o} in {self.objects[o].where}" for o in self.task_objects()]
+      seen = [f"{o} in {self.objects[o].where}" + (" (here)" if self.objects[o].where in spot
+                                                   else "") for o in self.task_objects()]
       lines.append(f"task objects: {', '.join(seen) or 'none seen'}")
     if self.places_complete:  # every place is known: the ones left say it all
       lines.append(f"unexplored: {', '.join(self.unexplored()) or 'none'}")

@@ -1,5 +1,7 @@
 """The record-based walkthrough expert (harnax.envs.text.experts) on real ALFWorld games."""
 
+import re
+
 import pytest
 
 from harnax.envs.text import HarnessConfig
@@ -7,6 +9,7 @@ from harnax.envs.text import HarnessedGame
 from harnax.envs.text import experts
 from harnax.envs.text import render_context
 from harnax.envs.text.harness import Turn
+from harnax.envs.text.record import Place
 from harnax.envs.text.record import Record
 
 
@@ -46,6 +49,71 @@ def test_window_shows_only_recent_turns():
     render_context("g", turns, None, state_tracking=False, window=-1)
 
 
+def _record():
+  rec = Record("alfworld", goal="put a knife in drawer")
+  rec.places = {p: Place() for p in ("cabinet 1", "cabinet 2", "cabinet 10", "countertop 1",
+                                     "drawer 1")}
+  rec.places_complete = True
+  rec.arrive("cabinet 1")
+  rec.nearby = {"cabinet 2", "cabinet 10"}
+  rec.set_openness("cabinet 1", "closed")
+  rec.see_contents("countertop 1", ["knife 2", "apple 1"])
+  rec.see_contents("cabinet 2", ["knife 1"])
+  return rec
+
+
+def test_record_lists_the_task_objects_here_first():
+  lines = _record().render().splitlines()
+  assert lines[1:5] == ["location: cabinet 1 (closed)",
+                        "also here: cabinet 10 (unexplored), cabinet 2",
+                        "inventory: unknown",
+                        "task objects: knife 1 in cabinet 2 (here), knife 2 in countertop 1"]
+
+
+def test_cite_quotes_a_line_up_to_an_entry():
+  rec = _record()
+  assert experts.cite(rec, "location") == "location: cabinet 1 (closed)"
+  assert experts.cite(rec, "also here", "cabinet 10") == "also here: cabinet 10 (unexplored)"
+  assert experts.cite(rec, "also here", "cabinet 2") == (
+      "also here: cabinet 10 (unexplored), cabinet 2")
+  assert experts.cite(rec, "task objects", "knife 2") == (
+      "task objects: knife 1 in cabinet 2 (here), knife 2 in countertop 1")
+  assert experts.cite(rec, "task objects", "knife 1") == "task objects: knife 1 in cabinet 2 (here)"
+  assert experts.cite(rec, "unexplored", "cabinet 10") == "unexplored: cabinet 10"
+  # "cabinet 1" is no prefix match of "cabinet 10": the entry must be whole.
+  with pytest.raises(ValueError, match="item"):
+    experts.cite(rec, "unexplored", "cabinet 1")
+  with pytest.raises(ValueError, match="header"):
+    experts.cite(rec, "exits")
+
+
+def test_expert_chooses_the_first_fitting_entry_and_quotes_it():
+  rec = _record()
+  step = experts.alfworld_step("put a knife in drawer", rec, None)
+  # The knife at the agent's spot comes first on the task-objects line; its cabinet is open.
+  assert step.action == "take knife 1 from cabinet 2"
+  assert step.thought == "task objects: knife 1 in cabinet 2 (here). I take knife 1 from cabinet 2."
+  rec.see_contents("cabinet 2", [])
+  del rec.objects["knife 2"]
+  step = experts.alfworld_step("put a knife in drawer", rec, ("open cabinet 1",))
+  assert (step.action, step.thought) == ("open cabinet 1",
+                                         "location: cabinet 1 (closed). I open cabinet 1.")
+  rec.set_openness("cabinet 1", "open")
+  rec.see_contents("cabinet 1", [])
+  rec.see_contents("cabinet 10", [])
+  step = experts.alfworld_step("put a knife in drawer", rec, ())
+  assert step.action == "go to drawer 1"
+  assert step.thought == ("No knife seen yet. task objects: none seen. unexplored: drawer 1."
+                          " I go to drawer 1.")
+
+
+def _quotes_hold(thought: str, rendered: str) -> bool:
+  """Every "header: ..." sentence of a thought is the start of a rendered record line."""
+  lines = rendered.splitlines()
+  quotes = [q for q in thought.rstrip(".").split(". ") if re.match(r"[a-z ]+: ", q)]
+  return bool(quotes) and all(any(ln.startswith(q) for ln in lines) for q in quotes)
+
+
 @pytest.mark.slow
 def test_expert_wins_from_observations_only():
   # One task of each type: the expert reads only the goal, the harness record and the
@@ -62,6 +130,10 @@ def test_expert_wins_from_observations_only():
     for _ in range(50):
       step = experts.alfworld_step(goal, game.record, info["admissible"])
       assert step.action in info["admissible"], (task.ident, step.action)
+      # The thought quotes the record's lines, and names what the action names.
+      assert _quotes_hold(step.thought, game.record.render()), (step.thought, task.ident)
+      assert step.action.split(" ", 1)[-1].split(" with ")[0].split(" from ")[0].split(
+          " to ")[0] in step.thought, (step.action, step.thought)
       _, _, term, trunc, info = game.step(step.action)
       assert info["harness"]["accepted"] and info["harness"]["consistent"], task.ident
       if term or trunc:
