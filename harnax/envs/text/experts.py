@@ -259,8 +259,8 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
     put = _first(commands, f"move {others[0]} to {local[0]}") or _first(commands,
                                                                          f"put {others[0]} ")
     return ExpertStep(put or f"move {others[0]} to {local[0]}",
-                      f"{cite(record, 'inventory', others[0])}. The task needs no {name_class(others[0])}. "
-                      f"I put {others[0]} down here.")
+                      f"{cite(record, 'inventory', others[0])}. The task needs no "
+                      f"{name_class(others[0])}. I put {others[0]} down here.")
 
   placed = _placed(record, goal)
   # The record's task-objects order: those at the agent's spot first.
