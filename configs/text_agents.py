@@ -52,6 +52,9 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.model.max_position_embeddings = 1536
   config.model.tie_word_embeddings = True
   config.model.init_std = 0.08
+  # Query/key norm weights at the start (base_model.init_model): larger ones let a head put its
+  # weight on the one position a name is copied from.
+  config.model.qk_norm_init = 1.0
 
   config.sft = ml_collections.ConfigDict()
   config.sft.num_steps = 700

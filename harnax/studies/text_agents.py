@@ -378,7 +378,8 @@ def _build(cfg, path: str, say: Log) -> dict:
   if data.ids.shape[1] > model_cfg.max_position_embeddings:
     raise ValueError(f"model.max_position_embeddings: {model_cfg.max_position_embeddings} is "
                      f"shorter than the longest example ({data.ids.shape[1]} tokens)")
-  model = base_model.init_model(model_cfg, seed=int(cfg.seed), init_std=float(cfg.model.init_std))
+  model = base_model.init_model(model_cfg, seed=int(cfg.seed), init_std=float(cfg.model.init_std),
+                                qk_norm_init=float(cfg.model.get("qk_norm_init", 1.0)))
   say(f"text agent: {models.param_count(model)} parameters, {data.num_examples} examples of at "
       f"most {data.ids.shape[1]} tokens, vocabulary {tok.vocab_size}")
   s = cfg.sft

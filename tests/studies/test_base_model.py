@@ -5,6 +5,7 @@ import json
 import os
 import time
 
+from flax import nnx
 import numpy as np
 import pytest
 
@@ -145,6 +146,27 @@ def test_bad_input(tmp_path):
     base_model.build_base_model(_config(), str(tmp_path / "b"))
   with pytest.raises(ValueError, match="variant"):
     _config("huge")
+
+
+def test_init_model_sets_the_query_and_key_norms_apart():
+  cfg = models.Qwen3Config.from_hf_dict({
+      "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 40,
+      "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+      "max_position_embeddings": 32, "tie_word_embeddings": True})
+  model = base_model.init_model(cfg, seed=0, init_std=0.1, qk_norm_init=2.5)
+  flat = {tuple(str(p) for p in path): np.asarray(v.get_value())
+          for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  qk = [v for path, v in flat.items() if {"q_norm", "k_norm"} & set(path)]
+  other = [v for path, v in flat.items() if path[-1] == "weight" and not {"q_norm", "k_norm"}
+           & set(path)]
+  assert len(qk) == 4 and all(np.all(v == 2.5) for v in qk)
+  assert len(other) == 5 and all(np.all(v == 1.0) for v in other)  # 2 per layer + the final
+  same = base_model.init_model(cfg, seed=0, init_std=0.1)
+  assert all(np.all(np.asarray(v.get_value()) == 1.0)
+             for path, v in nnx.to_flat_state(nnx.state(same, nnx.Param)) if path[-1] == "weight")
+  with pytest.raises(ValueError, match="qk_norm_init"):
+    base_model.init_model(cfg, seed=0, init_std=0.1, qk_norm_init=0.0)
 
 
 def _soft_optimal_numpy(h, tau, iters=600):
