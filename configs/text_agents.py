@@ -64,6 +64,9 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.sft.weight_decay = 0.0
   config.sft.clip_norm = 1.0
   config.sft.length_bucket = 64   # batches cut to a multiple of 64 tokens (padding only)
+  # Loss weight of a prompt token relative to an output token (train_sft): predicting the
+  # record from the observations copies the same names the actions copy.
+  config.sft.prompt_weight = 0.0
 
   # Relabeled copies of every walkthrough turn (ALFWorld; text_agents.relabel_instances): each
   # class's instance numbers renamed at random, consistently within the turn, so that the number

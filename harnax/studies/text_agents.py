@@ -388,7 +388,8 @@ def _build(cfg, path: str, say: Log) -> dict:
       model, data, num_steps=int(s.num_steps), batch_size=int(s.batch_size),
       learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
       weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed), log=say,
-      log_every=max(1, int(s.num_steps) // 5), length_bucket=int(s.length_bucket))
+      log_every=max(1, int(s.num_steps) // 5), length_bucket=int(s.length_bucket),
+      prompt_weight=float(s.get("prompt_weight", 0.0)))
   trained, losses, rounds = result.model, list(result.losses), []
   d = cfg.dagger
   for r in range(int(d.rounds)):
@@ -407,7 +408,8 @@ def _build(cfg, path: str, say: Log) -> dict:
         trained, data, num_steps=int(d.num_steps), batch_size=int(s.batch_size),
         learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
         weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed) + r + 1,
-        log=say, log_every=max(1, int(d.num_steps) // 2), length_bucket=int(s.length_bucket))
+        log=say, log_every=max(1, int(d.num_steps) // 2), length_bucket=int(s.length_bucket),
+        prompt_weight=float(s.get("prompt_weight", 0.0)))
     trained = step.model
     losses += list(step.losses)
     rounds.append(summary)
