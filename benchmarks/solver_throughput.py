@@ -44,7 +44,7 @@ import numpy as np
 import harnax as hx
 
 FULL = dict(batch=128, states=64, actions=8, sparse_states=10**5, sparse_actions=8, repeats=21)
-QUICK = dict(batch=16, states=32, actions=4, sparse_states=10**4, sparse_actions=4, repeats=3)
+QUICK = dict(batch=8, states=16, actions=4, sparse_states=2000, sparse_actions=4, repeats=3)
 TAU = 0.1
 # The tolerances: one float32 reaches, one at float64's usual level (below float32's
 # floor when |V*| ~ 100).

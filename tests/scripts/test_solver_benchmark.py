@@ -17,8 +17,15 @@ SOLVER_SCRIPT = os.path.join(ROOT, "benchmarks", "solver_throughput.py")
 @pytest.mark.slow
 def test_quick_solver_run_reports_targets_and_classes_consistently(tmp_path):
   out = tmp_path / "solver.md"
+  # A smoke test, and compiling is nearly all of its time: XLA's cheapest optimisation level,
+  # and a persistent compilation cache of its own, so that a program compiled for the targets
+  # (each dense class runs the same shapes and methods at the default tolerance) is compiled
+  # once, not once per class. Every distinct program is still compiled, and every row run.
+  flags = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
   proc = subprocess.run([sys.executable, SOLVER_SCRIPT, "--quick", "--repeats", "1", "--out",
-                         str(out)], capture_output=True, text=True, timeout=900)
+                         str(out)], capture_output=True, text=True, env=env, timeout=900)
   assert proc.returncode == 0, proc.stderr[-2000:]
   text = out.read_text()
   # Progress goes to stderr, one line per measured row; nothing to stdout.
