@@ -23,6 +23,9 @@ Usage::
   python benchmarks/lm_throughput.py --preset 0.6b-2b --dtype bfloat16   # on a GPU machine
   python benchmarks/lm_throughput.py --preset 0.6b-2b --families gemma4-e2b \
       --checkpoint-dtype bfloat16 --out benchmarks/results/lm_throughput_0.6b-2b_gemma4.md
+
+``--quick`` (a smoke run) keeps each family's layers and layout with tiny widths
+(``QUICK_WIDTHS``: a few million parameters) and a 16-token prompt, 2 new tokens, one repeat.
 """
 
 from __future__ import annotations
@@ -116,6 +119,21 @@ LARGE["gemma4-e2b"] = ("Gemma4TextConfig", dict(
     use_double_wide_mlp=True, hidden_size_per_layer_input=256, vocab_size_per_layer_input=262144,
     final_logit_softcapping=30.0, rope_parameters=_GEMMA4_ROPE))
 PRESETS = {"100m": CONFIGS, "0.6b-2b": LARGE}
+# --quick: every family keeps its preset's layers, heads and layout, with these widths (the
+# keys its config has), so a smoke run builds, saves and loads a model of a few million
+# parameters (Qwen3-MoE: about 4M instead of 97M).
+QUICK_WIDTHS = dict(vocab_size=2048, vocab_size_per_layer_input=2048, hidden_size=128,
+                    intermediate_size=256, moe_intermediate_size=64,
+                    shared_expert_intermediate_size=64, hidden_size_per_layer_input=16)
+
+
+def model_config(family: str, preset: str = "100m", quick: bool = False) -> tuple[str, dict]:
+  """``(config class name, kwargs)`` of ``family`` in ``preset``; with ``quick`` its widths
+  replaced by ``QUICK_WIDTHS``."""
+  cls_name, kwargs = PRESETS[preset][family]
+  if quick:
+    kwargs = {k: QUICK_WIDTHS.get(k, v) for k, v in kwargs.items()}
+  return cls_name, kwargs
 
 
 def _timeit(fn, repeats: int, sync=lambda: None) -> float:
@@ -129,14 +147,15 @@ def _timeit(fn, repeats: int, sync=lambda: None) -> float:
   return best
 
 
-def build_checkpoint(family: str, path: str, preset: str = "100m", dtype: str = "float32"
-                     ) -> int:
-  """Writes a random-weight checkpoint of ``family``'s config in ``preset``, its tensors stored
-  in ``dtype`` (bfloat16 halves the memory the build needs; both frameworks then load the
-  same rounded weights in their own dtype). Returns the parameter count."""
+def build_checkpoint(family: str, path: str, preset: str = "100m", dtype: str = "float32",
+                     quick: bool = False) -> int:
+  """Writes a random-weight checkpoint of ``family``'s config in ``preset`` (``quick``: its
+  ``QUICK_WIDTHS`` version), its tensors stored in ``dtype`` (bfloat16 halves the memory the
+  build needs; both frameworks then load the same rounded weights in their own dtype).
+  Returns the parameter count."""
   import torch
   import transformers
-  cls_name, kwargs = PRESETS[preset][family]
+  cls_name, kwargs = model_config(family, preset, quick)
   config = getattr(transformers, cls_name)(**kwargs)
   torch.manual_seed(0)
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
@@ -409,7 +428,8 @@ def main():
   p.add_argument("--new", type=int, default=32)
   p.add_argument("--decode-batches", type=int, nargs="+", default=[1, 8])
   p.add_argument("--repeats", type=int, default=3)
-  p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
+  p.add_argument("--quick", action="store_true",
+                 help="tiny sizes and model widths (QUICK_WIDTHS), for a smoke run")
   p.add_argument("--scaling", action="store_true",
                  help="also time Qwen3.5 prefill and decode against the context length")
   p.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096],
@@ -431,7 +451,7 @@ def main():
       ROOT, "benchmarks", "results",
       "lm_throughput.md" if args.preset == "100m" else f"lm_throughput_{args.preset}.md")
   if args.quick:
-    args.batch, args.prompt, args.new, args.repeats = 1, 16, 4, 1
+    args.batch, args.prompt, args.new, args.repeats = 1, 16, 2, 1
     args.decode_batches = [1]
     args.lengths = [32, 64, 128, 256]
 
@@ -444,7 +464,7 @@ def main():
     for family in families:
       path = os.path.join(tmp, family)
       n_params = build_checkpoint(family, path, args.preset,
-                                  args.checkpoint_dtype or args.dtype)
+                                  args.checkpoint_dtype or args.dtype, quick=args.quick)
       ours = _run_child("harnax", path, args)
       loads.append(os.getloadavg()[0])
       ref = _run_child("torch", path, args)
@@ -454,7 +474,7 @@ def main():
     scaling = None
     if args.scaling:
       path = os.path.join(tmp, "qwen3_5_scaling")
-      build_checkpoint("qwen3_5", path, "100m")
+      build_checkpoint("qwen3_5", path, "100m", quick=args.quick)
       scaling = _run_child("scaling", path, args)
       print("scaling", scaling, flush=True)
 
@@ -466,6 +486,8 @@ def main():
   lines = [
       f"# LM throughput: harnax (JAX jit) vs transformers (torch), preset {args.preset}",
       "",
+      *(["**A `--quick` run: the preset's layouts at tiny widths, tiny sizes; the numbers are a "
+         "smoke test.**", ""] if args.quick else []),
       "Generated by `benchmarks/lm_throughput.py` on "
       f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
       f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, {platform.python_version()}; "
