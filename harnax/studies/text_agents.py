@@ -126,6 +126,11 @@ def check_config(cfg) -> None:
     if copies and cfg.game != "alfworld":
       raise ValueError(f"augment.copies: relabeling knows ALFWorld's instance names only; "
                        f"expected 0 for {cfg.game!r}, got {copies}")
+  rooms = cfg.get("rooms", None)
+  if rooms is not None and (cfg.game != "alfworld" or isinstance(rooms, str) or not rooms
+                            or any(r not in alfworld.ROOM_TYPES for r in rooms)):
+    raise ValueError(f"rooms: expected None or a non-empty tuple of ALFWorld's room types "
+                     f"{tuple(alfworld.ROOM_TYPES)} (ALFWorld only), got {rooms!r}")
   known = _known_types(cfg.game)
   bad = [t for t in cfg.task_types if t not in known]
   if bad or not cfg.task_types:
@@ -133,11 +138,15 @@ def check_config(cfg) -> None:
                      f"{known}, got {tuple(cfg.task_types)!r}")
 
 
-def game_tasks(game: str, split: str, *, per_type: int, task_types, seed: int
-               ) -> list[GameTask]:
-  """`per_type` instances of each task type of `game` in `split` (deterministic per seed)."""
+def game_tasks(game: str, split: str, *, per_type: int, task_types, seed: int,
+               rooms=None) -> list[GameTask]:
+  """`per_type` instances of each task type of `game` in `split` (deterministic per seed;
+  ALFWorld: from the floor plans of `rooms`, None for every room type)."""
   if game == "alfworld":
-    return alfworld.tasks(split, per_type=per_type, task_types=tuple(task_types), seed=seed)
+    return alfworld.tasks(split, per_type=per_type, task_types=tuple(task_types), seed=seed,
+                          rooms=tuple(rooms or alfworld.ROOM_TYPES))
+  if rooms is not None:
+    raise ValueError(f"rooms: room types are ALFWorld's; expected None for {game!r}")
   return scienceworld.tasks(split, task_names=tuple(task_types), per_task=per_type, seed=seed)
 
 
@@ -353,7 +362,7 @@ def build_agent(cfg, directory: str, *, log: Log | None = None) -> str:
 
 def train_tasks(cfg) -> list[GameTask]:
   return game_tasks(cfg.game, "seen", per_type=int(cfg.per_type), task_types=cfg.task_types,
-                    seed=int(cfg.task_seed))
+                    seed=int(cfg.task_seed), rooms=cfg.get("rooms", None))
 
 
 def _build(cfg, path: str, say: Log) -> dict:
@@ -538,7 +547,8 @@ def random_agent(tasks, *, max_steps: int, seed: int = 0) -> list[text_metrics.E
 def eval_tasks(cfg) -> dict[str, list[GameTask]]:
   """Seen and unseen evaluation tasks (seen: other instances than the training ones)."""
   return {split: game_tasks(cfg.game, split, per_type=int(cfg.eval.per_type),
-                            task_types=cfg.task_types, seed=int(cfg.eval.task_seed))
+                            task_types=cfg.task_types, seed=int(cfg.eval.task_seed),
+                            rooms=cfg.get("rooms", None))
           for split in ("seen", "unseen")}
 
 

@@ -175,6 +175,15 @@ def test_bad_inputs(tmp_path):
   cfg.augment.copies = 1
   with pytest.raises(ValueError, match="augment.copies"):
     text_agents.check_config(cfg)
+  for rooms in (("attic",), (), "bathroom"):
+    cfg = _micro()
+    cfg.rooms = rooms
+    with pytest.raises(ValueError, match="rooms"):
+      text_agents.check_config(cfg)
+  cfg = config_lib.get_config("micro,scienceworld")
+  cfg.rooms = ("bathroom",)
+  with pytest.raises(ValueError, match="rooms"):
+    text_agents.check_config(cfg)
   foreign = tmp_path / "foreign"
   foreign.mkdir()
   (foreign / "notes.txt").write_text("mine")

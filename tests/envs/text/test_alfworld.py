@@ -71,6 +71,21 @@ def test_tasks_are_deterministic_and_cover_every_type():
   assert int(first.params[0].removeprefix("FloorPlan")) in constants.SCENE_TYPE["Kitchen"]
 
 
+def test_tasks_from_chosen_room_types():
+  baths = alfworld.tasks("seen", per_type=3, task_types=("pick_and_place_simple",),
+                         rooms=("bathroom",))
+  assert all(int(t.params[0].removeprefix("FloorPlan")) in constants.SCENE_TYPE["Bathroom"]
+             for t in baths)
+  assert len({t.params for t in baths}) == 3
+  # Every room type listed is the default: the same instances as before the option existed.
+  assert alfworld.tasks("seen", per_type=2, rooms=tuple(alfworld.ROOM_TYPES)) == alfworld.tasks(
+      "seen", per_type=2)
+  with pytest.raises(ValueError, match="rooms"):
+    alfworld.tasks("seen", rooms=("garage",))
+  with pytest.raises(ValueError, match="rooms.*hosts"):  # no microwave, no heating in a bathroom
+    alfworld.tasks("seen", task_types=("pick_heat_then_place_in_recep",), rooms=("bathroom",))
+
+
 def test_generated_problems_are_deterministic_per_seed():
   p = alfworld.generate("FloorPlan12", "pick_cool_then_place_in_recep", 5)
   assert p == alfworld.generate("FloorPlan12", "pick_cool_then_place_in_recep", 5)

@@ -61,7 +61,7 @@ def _room(floorplan: str) -> str:
 
 
 def tasks(split: str, *, per_type: int = 5, task_types=TASK_TYPES, seed: int = 0,
-          distractors: int | None = DISTRACTORS) -> list[GameTask]:
+          distractors: int | None = DISTRACTORS, rooms=tuple(ROOM_TYPES)) -> list[GameTask]:
   """A deterministic list of generated task instances.
 
   For each task type, instances cycle through the room types that can host it (kitchen,
@@ -76,6 +76,9 @@ def tasks(split: str, *, per_type: int = 5, task_types=TASK_TYPES, seed: int = 0
     seed: seed of the list (different seeds give different instances).
     distractors: object classes placed besides the goal's (None: every class the room holds,
       as in ALFWorld's scenes); see :func:`.problems.generate`.
+    rooms: the room types to draw floor plans from (a subset of :data:`ROOM_TYPES`, in any
+      order; the cycle keeps the order above). A task type no listed room can host is an
+      error.
 
   Returns:
     GameTask(game="alfworld", task_type, split, ident,
@@ -89,6 +92,12 @@ def tasks(split: str, *, per_type: int = 5, task_types=TASK_TYPES, seed: int = 0
   task_types = _check_task_types(task_types)
   if distractors is not None and (not isinstance(distractors, int) or distractors < 0):
     raise ValueError(f"distractors: expected None or an int >= 0, got {distractors!r}")
+  if isinstance(rooms, str):
+    rooms = (rooms,)
+  bad = [r for r in rooms if r not in ROOM_TYPES]
+  if bad or not tuple(rooms):
+    raise ValueError(f"rooms: expected a non-empty subset of {tuple(ROOM_TYPES)}, got "
+                     f"{tuple(rooms)!r}")
   plans = SEEN_FLOORPLANS if split == "seen" else UNSEEN_FLOORPLANS
   out = []
   for task_type in task_types:
@@ -97,12 +106,14 @@ def tasks(split: str, *, per_type: int = 5, task_types=TASK_TYPES, seed: int = 0
     for fp in plans:
       if candidate_targets(load_scene(fp), task_type):
         by_room[_room(fp)].append(fp)
-    rooms = [room for room, fps in by_room.items() if fps]
+    hosts = [room for room, fps in by_room.items() if fps and room in rooms]
+    if not hosts:
+      raise ValueError(f"rooms: no floor plan of {tuple(rooms)} hosts {task_type!r}")
     for fps in by_room.values():
       rng.shuffle(fps)
     for i in range(per_type):
-      fps = by_room[rooms[i % len(rooms)]]
-      fp = fps[(i // len(rooms)) % len(fps)]
+      fps = by_room[hosts[i % len(hosts)]]
+      fp = fps[(i // len(hosts)) % len(fps)]
       gen_seed = rng.randrange(1_000_000)
       size = "all" if distractors is None else distractors
       out.append(GameTask(game=GAME, task_type=task_type, split=split,
