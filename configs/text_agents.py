@@ -26,6 +26,7 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.task_types = alfworld.TASK_TYPES if game == "alfworld" else scienceworld.TASK_NAMES
   config.per_type = 24          # seen tasks per type whose walkthroughs are the training data
   config.task_seed = 0          # alfworld.tasks(..., seed=)
+  config.rooms = None           # ALFWorld room types to draw floor plans from (None: all four)
   config.max_steps = 50         # ALFWorld's usual step limit
   config.window = 1             # recent turns shown in the context (the record keeps the rest)
   config.seed = 0
@@ -34,11 +35,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.output_dir = f"results/text_agents/{game}"
 
   config.tokenizer = ml_collections.ConfigDict()
-  config.tokenizer.vocab_size = 2048  # an upper bound: ALFWorld's words need about 900
+  config.tokenizer.vocab_size = 4096  # an upper bound: ALFWorld's words and names need ~2,500
   config.tokenizer.min_frequency = 2
-  # Words and whole numbers as tokens: "cabinet 10" is the same two tokens in the record, in a
-  # thought and in a command, so the agent copies names token for token.
-  config.tokenizer.pre_tokenize = "words"
+  # Words as tokens, and an instance name ("cabinet 10") as one token: the same token in the
+  # record, in a thought and in a command, so the agent copies a name as one token.
+  config.tokenizer.pre_tokenize = "names"
 
   # Qwen3 architecture (harnax.models.Qwen3Config); vocabulary = the tokenizer's.
   config.model = ml_collections.ConfigDict()
@@ -54,10 +55,10 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.model.init_std = 0.08
   # Query/key norm weights at the start (base_model.init_model): larger ones let a head put its
   # weight on the one position a name is copied from.
-  config.model.qk_norm_init = 1.0
+  config.model.qk_norm_init = 2.0
 
   config.sft = ml_collections.ConfigDict()
-  config.sft.num_steps = 700
+  config.sft.num_steps = 2000
   config.sft.batch_size = 16
   config.sft.learning_rate = 3e-3
   config.sft.warmup_steps = 50
@@ -66,7 +67,7 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.sft.length_bucket = 64   # batches cut to a multiple of 64 tokens (padding only)
   # Loss weight of a prompt token relative to an output token (train_sft): predicting the
   # record from the observations copies the same names the actions copy.
-  config.sft.prompt_weight = 0.0
+  config.sft.prompt_weight = 0.2
 
   # Relabeled copies of every walkthrough turn (ALFWorld; text_agents.relabel_instances): each
   # class's instance numbers renamed at random, consistently within the turn, so that the number
