@@ -26,12 +26,15 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.task_types = alfworld.TASK_TYPES if game == "alfworld" else scienceworld.TASK_NAMES
   config.per_type = 24          # seen tasks per type whose walkthroughs are the training data
   config.task_seed = 0          # alfworld.tasks(..., seed=)
-  config.rooms = None           # ALFWorld room types to draw floor plans from (None: all four)
+  # ALFWorld room types to draw floor plans from (None: all four); placeholders keep the field
+  # typed, so `--config.rooms="('bathroom',)"` overrides it from the command line.
+  config.rooms = ml_collections.config_dict.placeholder(tuple)
   config.max_steps = 50         # ALFWorld's usual step limit
   config.window = 1             # recent turns shown in the context (the record keeps the rest)
   config.seed = 0
   config.agent_dir = f"results/text_agents/{game}-teacher"   # where build_agent writes it
-  config.checkpoint = None      # an existing HF model directory to evaluate instead (no build)
+  # An existing HF model directory to evaluate instead (no build): --config.checkpoint=DIR.
+  config.checkpoint = ml_collections.config_dict.placeholder(str)
   config.output_dir = f"results/text_agents/{game}"
 
   config.tokenizer = ml_collections.ConfigDict()

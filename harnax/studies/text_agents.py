@@ -559,6 +559,9 @@ def run(cfg, *, log: Log | None = None) -> dict:
   traces}}, "random": {split: traces}, "decisions": {split: decision_accuracy(...)}, "stats":
   ..., "agent_dir": ...}``."""
   say = log or (lambda line: None)
+  if cfg.checkpoint and not os.path.isfile(os.path.join(cfg.checkpoint, "config.json")):
+    raise ValueError(f"checkpoint: expected a Hugging Face model directory (with config.json), "
+                     f"got {cfg.checkpoint!r}")
   directory = cfg.checkpoint or build_agent(cfg, cfg.agent_dir, log=say)
   model, tok = load_agent(directory)
   tasks = eval_tasks(cfg)

@@ -73,3 +73,20 @@ def test_miniwob_study_writes_report_metrics_and_plot(tmp_path):
   assert "click-option: adapted" in proc.stderr
   for noise in ("Unable to initialize backend", "Falling back to", "platform"):
     assert noise not in proc.stderr, proc.stderr[:2000]
+
+
+
+def test_text_agent_script_takes_a_checkpoint_and_rooms_from_the_command_line(tmp_path):
+  # The documented overrides parse (fields that default to None are typed placeholders, which
+  # absl's flags can override), and a checkpoint that is no model directory is refused by name.
+  missing = str(tmp_path / "no_model")
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "scripts", "text_agents.py"),
+       f"--config={os.path.join(ROOT, 'configs', 'text_agents.py')}:micro",
+       f"--config.checkpoint={missing}", "--config.rooms=('bathroom',)",
+       f"--config.output_dir={tmp_path / 'out'}"],
+      capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert proc.returncode != 0
+  assert "Flags parsing error" not in proc.stderr
+  assert f"checkpoint: expected a Hugging Face model directory (with config.json), got " \
+         f"{missing!r}" in proc.stderr
