@@ -175,11 +175,13 @@ def test_bad_inputs(tmp_path):
   cfg.augment.copies = 1
   with pytest.raises(ValueError, match="augment.copies"):
     text_agents.check_config(cfg)
-  for rooms in (("attic",), (), "bathroom"):
+  for rooms in (("attic",), ()):
     cfg = _micro()
     cfg.rooms = rooms
     with pytest.raises(ValueError, match="rooms"):
       text_agents.check_config(cfg)
+  with pytest.raises(TypeError, match="rooms"):  # the typed field takes a tuple, not a string
+    _micro().rooms = "bathroom"
   cfg = config_lib.get_config("micro,scienceworld")
   cfg.rooms = ("bathroom",)
   with pytest.raises(ValueError, match="rooms"):
