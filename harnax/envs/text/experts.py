@@ -158,20 +158,13 @@ def _placed(record: Record, goal: AlfWorldGoal) -> list[str]:
                 and s.where != INVENTORY and name_class(s.where) == goal.recep)
 
 
-def _local(record: Record) -> list[str]:
-  """The places at the agent's position in the record's order: where it is, then the
-  receptacles that share that spot (the record's "also here": ALFWorld offers no "go to" for
-  them)."""
-  return record.spot()
-
-
 def _where_line(record: Record, place: str) -> str:
   """The quote that says `place` is at the agent's spot: its location or also-here line."""
   return cite(record, "location" if place == record.location else "also here", place)
 
 
 def _explore(record: Record, want: str, commands: tuple[str, ...]) -> ExpertStep:
-  for place in _local(record):
+  for place in record.spot():
     if record.openness.get(place) == CLOSED or (
         not record.explored(place) and f"open {place}" in commands):
       return ExpertStep(f"open {place}", f"{_where_line(record, place)}. I open {place}.")
@@ -208,7 +201,7 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
   if record.game != "alfworld":
     raise ValueError(f"record: expected an ALFWorld record, got {record.game!r}")
   commands = tuple(admissible or ())
-  local = _local(record)
+  local = record.spot()
   carried = [o for o in record.inventory if name_class(o) == goal.obj]
 
   if carried:
