@@ -78,6 +78,12 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.augment = ml_collections.ConfigDict()
   config.augment.copies = 2 if game == "alfworld" else 0
   config.augment.max_number = 20
+  # The turns that finish a task are one or two per walkthrough; each example whose action
+  # starts with one of these verbs is present `repeats` times (text_agents.repeat_verbs).
+  # 1 (off) in the measured build; `--config.augment.repeats=3` is the next lever to try
+  # against its weak "take"/"move"/"heat"/"cool" decisions (docs/text_agents.md, "Status").
+  config.augment.repeat_verbs = ("take", "move", "heat", "cool", "clean", "use")
+  config.augment.repeats = 1
 
   # DAgger rounds after the first SFT (ALFWorld): the model plays the training tasks, the expert
   # labels every state it reaches, and SFT goes on over all examples so far.

@@ -126,6 +126,12 @@ def check_config(cfg) -> None:
     if copies and cfg.game != "alfworld":
       raise ValueError(f"augment.copies: relabeling knows ALFWorld's instance names only; "
                        f"expected 0 for {cfg.game!r}, got {copies}")
+    repeats = aug.get("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+      raise ValueError(f"augment.repeats: expected an int >= 1, got {repeats!r}")
+    verbs = aug.get("repeat_verbs", ())
+    if isinstance(verbs, str) or not all(isinstance(v, str) and v for v in verbs):
+      raise ValueError(f"augment.repeat_verbs: expected a tuple of verbs, got {verbs!r}")
   rooms = cfg.get("rooms", None)
   if rooms is not None and (cfg.game != "alfworld" or isinstance(rooms, str) or not rooms
                             or any(r not in alfworld.ROOM_TYPES for r in rooms)):
@@ -313,6 +319,24 @@ def augment(examples: Sequence[dict], *, copies: int, max_number: int = 20, seed
   return out
 
 
+def repeat_verbs(examples: Sequence[dict], *, verbs: Sequence[str], repeats: int) -> list[dict]:
+  """`examples` with each example whose action starts with one of `verbs` present `repeats`
+  times (the copies follow the originals, in order).
+
+  Why: in an ALFWorld walkthrough most turns are "go to" and "open"; the turns that finish a
+  task ("take", "move", "heat", "cool", "clean", "use") are one or two per episode, so a small
+  model learns them last and an episode fails at them. Repeating those examples raises their
+  share of the gradient without changing any example.
+  """
+  if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+    raise ValueError(f"repeats: expected an int >= 1, got {repeats!r}")
+  if isinstance(verbs, str):
+    raise ValueError(f"verbs: expected a sequence of verbs, got the string {verbs!r}")
+  chosen = frozenset(verbs)
+  rare = [e for e in examples if e["action"].split(" ", 1)[0] in chosen]
+  return list(examples) + rare * (repeats - 1)
+
+
 def config_dict(cfg) -> dict:
   return json.loads(cfg.to_json())
 
@@ -372,6 +396,11 @@ def _build(cfg, path: str, say: Log) -> dict:
   say(f"text agent: {len(examples)} expert turns from {walk['episodes']} seen tasks "
       f"({walk['won']} won, {time.time() - t0:.1f} s)")
   aug = cfg.get("augment", None)
+  if aug is not None and int(aug.get("repeats", 1)) > 1:
+    before = len(examples)
+    examples = repeat_verbs(examples, verbs=tuple(aug.repeat_verbs), repeats=int(aug.repeats))
+    say(f"text agent: {len(examples) - before} repeats of the turns whose verb is one of "
+        f"{tuple(aug.repeat_verbs)}")
   if aug is not None and int(aug.copies):
     examples = augment(examples, copies=int(aug.copies), max_number=int(aug.max_number),
                        seed=int(cfg.seed))

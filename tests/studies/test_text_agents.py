@@ -36,6 +36,7 @@ def _micro():
   cfg.eval.max_steps = 6
   cfg.eval.settings = ("with_harness", "harness_removed")
   cfg.augment.copies = 1
+  cfg.augment.repeats = 2
   return cfg
 
 
@@ -60,9 +61,14 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   # One DAgger round: the model played the same tasks and the expert labelled its turns.
   (dagger,) = manifest["dagger"]
   assert dagger["episodes"] == 2 and dagger["turns"] >= 2
-  # The walkthrough turns and their relabeled copies, then the DAgger turns (not relabeled).
+  # The walkthrough turns, a repeat of each finishing turn ("take", "move", ...), all of them
+  # relabeled once more, then the DAgger turns (neither repeated nor relabeled).
+  examples, _ = text_agents.walkthroughs(text_agents.train_tasks(cfg), window=cfg.window,
+                                         max_steps=cfg.max_steps)
+  finishing = sum(e["action"].split()[0] in cfg.augment.repeat_verbs for e in examples)
+  assert finishing >= 2 * 2  # at least a take and a move per task
   assert manifest["training"]["num_examples"] == (
-      walk["turns"] * (1 + cfg.augment.copies) + dagger["turns"])
+      (walk["turns"] + finishing) * (1 + cfg.augment.copies) + dagger["turns"])
   assert manifest["training"]["num_steps"] == 30 + 10
   assert manifest["training"]["final_loss"] < manifest["training"]["initial_loss"]
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(directory))
@@ -120,6 +126,23 @@ def test_relabeled_copies_rename_each_instance_consistently():
     text_agents.augment(examples, copies=-1)
 
 
+def test_repeat_verbs_repeats_the_finishing_turns_only():
+  tasks = alfworld.tasks("seen", per_type=1, task_types=("pick_heat_then_place_in_recep",))
+  examples, _ = text_agents.walkthroughs(tasks, window=1, max_steps=50)
+  verbs = ("take", "heat", "move")
+  out = text_agents.repeat_verbs(examples, verbs=verbs, repeats=3)
+  assert out[:len(examples)] == examples
+  rare = [e for e in examples if e["action"].split()[0] in verbs]
+  # A heat task takes, heats and places: each of those turns is there twice more.
+  assert {e["action"].split()[0] for e in rare} == set(verbs)
+  assert out[len(examples):] == rare + rare
+  assert text_agents.repeat_verbs(examples, verbs=verbs, repeats=1) == examples
+  with pytest.raises(ValueError, match="repeats"):
+    text_agents.repeat_verbs(examples, verbs=verbs, repeats=0)
+  with pytest.raises(ValueError, match="verbs"):
+    text_agents.repeat_verbs(examples, verbs="take", repeats=2)
+
+
 def test_evaluate_traces_match_the_rollout_log(built, tmp_path):
   cfg, directory, _ = built
   model, tok = text_agents.load_agent(directory)
@@ -174,6 +197,14 @@ def test_bad_inputs(tmp_path):
   cfg = config_lib.get_config("micro,scienceworld")
   cfg.augment.copies = 1
   with pytest.raises(ValueError, match="augment.copies"):
+    text_agents.check_config(cfg)
+  cfg = _micro()
+  cfg.augment.repeats = 0
+  with pytest.raises(ValueError, match="augment.repeats"):
+    text_agents.check_config(cfg)
+  cfg = _micro()
+  cfg.augment.repeat_verbs = ("take", "")
+  with pytest.raises(ValueError, match="augment.repeat_verbs"):
     text_agents.check_config(cfg)
   for rooms in (("attic",), ()):
     cfg = _micro()
