@@ -5,8 +5,10 @@
   text_agents.build_agent(get_config(), "results/text_teacher")
 
 Variants: "teacher" (default), "student" (a smaller model on the same data), "micro" (a tiny
-build for tests); append ",scienceworld" for ScienceWorld (`--config=configs/text_agents.py:
-teacher,scienceworld`): its short-gold-path tasks, gold paths as walkthroughs.
+build for tests of the mechanics), "micro_teacher" (the smallest build that wins games: the
+seen bathroom tasks it trained on, checked in CI); append ",scienceworld" for ScienceWorld
+(`--config=configs/text_agents.py:teacher,scienceworld`): its short-gold-path tasks, gold
+paths as walkthroughs.
 """
 
 import ml_collections
@@ -36,6 +38,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   # An existing HF model directory to evaluate instead (no build): --config.checkpoint=DIR.
   config.checkpoint = ml_collections.config_dict.placeholder(str)
   config.output_dir = f"results/text_agents/{game}"
+  # An HF directory to start the build from instead of a fresh tokenizer and model: a
+  # pretrained checkpoint to fine-tune on the walkthroughs (Qwen3-1.7B on an accelerator), or
+  # an earlier build to continue (`--config.sft.num_steps=0 --config.dagger.rounds=1` adds a
+  # DAgger round to it). `tokenizer` and `model` are then the checkpoint's, not these fields.
+  config.init_dir = ml_collections.config_dict.placeholder(str)
 
   config.tokenizer = ml_collections.ConfigDict()
   config.tokenizer.vocab_size = 4096  # an upper bound: ALFWorld's words and names need ~2,500
@@ -128,6 +135,32 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
     config.sft.learning_rate = 5e-3
     config.augment.copies = 0
     config.eval.per_type = 4
+  elif variant == "micro_teacher":
+    # The smallest build that wins games, for CI: the teacher's recipe at micro size on the
+    # walkthroughs of 8 pick-and-place tasks in seen bathrooms (short walkthroughs, few
+    # receptacles). It wins those seen tasks; it is too small to win other instances
+    # (docs/text_agents.md, "A teacher that wins in CI").
+    config.agent_dir = f"results/text_agents/{game}-micro-teacher"
+    if game != "alfworld":
+      raise ValueError(f"variant: micro_teacher is an ALFWorld build, got game {game!r}")
+    config.task_types = ("pick_and_place_simple",)
+    config.rooms = ("bathroom",)
+    config.per_type = 8
+    config.max_steps = 30
+    config.tokenizer.vocab_size = 768
+    config.model.hidden_size = 64
+    config.model.num_layers = 2
+    config.model.head_dim = 16
+    config.model.intermediate_size = 192
+    config.model.init_std = 0.12
+    config.sft.num_steps = 400
+    config.sft.batch_size = 8
+    config.sft.learning_rate = 5e-3
+    config.augment.copies = 0
+    config.eval.per_type = 8
+    config.eval.task_seed = 0      # the training tasks themselves (see above)
+    config.eval.max_steps = 20
   elif variant != "teacher":
-    raise ValueError(f"variant: expected 'teacher', 'student' or 'micro', got {variant!r}")
+    raise ValueError(f"variant: expected 'teacher', 'student', 'micro' or 'micro_teacher', got "
+                     f"{variant!r}")
   return config

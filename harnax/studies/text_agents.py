@@ -132,6 +132,13 @@ def check_config(cfg) -> None:
     verbs = aug.get("repeat_verbs", ())
     if isinstance(verbs, str) or not all(isinstance(v, str) and v for v in verbs):
       raise ValueError(f"augment.repeat_verbs: expected a tuple of verbs, got {verbs!r}")
+  init_dir = cfg.get("init_dir", None)
+  if init_dir and not os.path.isfile(os.path.join(init_dir, "config.json")):
+    raise ValueError(f"init_dir: expected a Hugging Face model directory (with config.json), "
+                     f"got {init_dir!r}")
+  steps = cfg.sft.num_steps
+  if isinstance(steps, bool) or not isinstance(steps, int) or steps < (0 if init_dir else 1):
+    raise ValueError(f"sft.num_steps: expected an int >= 1 (>= 0 with init_dir), got {steps!r}")
   rooms = cfg.get("rooms", None)
   if rooms is not None and (cfg.game != "alfworld" or isinstance(rooms, str) or not rooms
                             or any(r not in alfworld.ROOM_TYPES for r in rooms)):
@@ -405,30 +412,39 @@ def _build(cfg, path: str, say: Log) -> dict:
     examples = augment(examples, copies=int(aug.copies), max_number=int(aug.max_number),
                        seed=int(cfg.seed))
     say(f"text agent: {len(examples)} examples with {int(aug.copies)} relabeled copies")
-  texts = [e["context"] for e in examples] + [e["output"] for e in examples]
-  texts.append(text_agent.SYSTEM_PROMPT)
-  tok = tokenizer_lib.train_tokenizer(texts, path, vocab_size=int(cfg.tokenizer.vocab_size),
-                                      min_frequency=int(cfg.tokenizer.min_frequency),
-                                      pre_tokenize=str(cfg.tokenizer.get("pre_tokenize", "runs")))
-  prompts = [text_agent.format_prompt(tok, e["context"]) for e in examples]
-  data = train_lib.encode_examples(tok, prompts, [e["output"] for e in examples])
-  model_cfg = base_model.model_config(cfg, tok)
-  if data.ids.shape[1] > model_cfg.max_position_embeddings:
-    raise ValueError(f"model.max_position_embeddings: {model_cfg.max_position_embeddings} is "
-                     f"shorter than the longest example ({data.ids.shape[1]} tokens)")
-  model = base_model.init_model(model_cfg, seed=int(cfg.seed), init_std=float(cfg.model.init_std),
-                                qk_norm_init=float(cfg.model.get("qk_norm_init", 1.0)))
+  init_dir = cfg.get("init_dir", None)
+  if init_dir:
+    # Fine-tune an existing HF directory (a pretrained checkpoint, or an earlier build to
+    # continue): its model and its tokenizer, whose files the new directory carries over.
+    model, tok = load_agent(init_dir)
+    _copy_tokenizer_files(init_dir, path)
+    say(f"text agent: starting from {init_dir}")
+  else:
+    texts = [e["context"] for e in examples] + [e["output"] for e in examples]
+    texts.append(text_agent.SYSTEM_PROMPT)
+    tok = tokenizer_lib.train_tokenizer(
+        texts, path, vocab_size=int(cfg.tokenizer.vocab_size),
+        min_frequency=int(cfg.tokenizer.min_frequency),
+        pre_tokenize=str(cfg.tokenizer.get("pre_tokenize", "runs")))
+    model = base_model.init_model(
+        base_model.model_config(cfg, tok), seed=int(cfg.seed),
+        init_std=float(cfg.model.init_std),
+        qk_norm_init=float(cfg.model.get("qk_norm_init", 1.0)))
+  model_cfg = model.config
+  data = _encode(tok, examples, model_cfg)
   say(f"text agent: {models.param_count(model)} parameters, {data.num_examples} examples of at "
       f"most {data.ids.shape[1]} tokens, vocabulary {tok.vocab_size}")
   s = cfg.sft
   t_sft = time.time()
-  result = train_lib.train_sft(
-      model, data, num_steps=int(s.num_steps), batch_size=int(s.batch_size),
-      learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
-      weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed), log=say,
-      log_every=max(1, int(s.num_steps) // 5), length_bucket=int(s.length_bucket),
-      prompt_weight=float(s.get("prompt_weight", 0.0)))
-  trained, losses, rounds = result.model, list(result.losses), []
+  trained, losses, rounds = model, [], []
+  if int(s.num_steps):
+    result = train_lib.train_sft(
+        model, data, num_steps=int(s.num_steps), batch_size=int(s.batch_size),
+        learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
+        weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed), log=say,
+        log_every=max(1, int(s.num_steps) // 5), length_bucket=int(s.length_bucket),
+        prompt_weight=float(s.get("prompt_weight", 0.0)))
+    trained, losses = result.model, list(result.losses)
   d = cfg.dagger
   for r in range(int(d.rounds)):
     more, summary = dagger_examples(trained, tok, tasks, window=int(cfg.window),
@@ -437,11 +453,7 @@ def _build(cfg, path: str, say: Log) -> dict:
     examples += more
     say(f"text agent: DAgger round {r + 1}: the model won {summary['won']}/{summary['episodes']}"
         f" ({summary['parse_failures']} outputs without an action); {len(examples)} examples")
-    prompts = [text_agent.format_prompt(tok, e["context"]) for e in examples]
-    data = train_lib.encode_examples(tok, prompts, [e["output"] for e in examples])
-    if data.ids.shape[1] > model_cfg.max_position_embeddings:
-      raise ValueError(f"model.max_position_embeddings: {model_cfg.max_position_embeddings} is "
-                       f"shorter than the longest example ({data.ids.shape[1]} tokens)")
+    data = _encode(tok, examples, model_cfg)
     step = train_lib.train_sft(
         trained, data, num_steps=int(d.num_steps), batch_size=int(s.batch_size),
         learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
@@ -452,15 +464,54 @@ def _build(cfg, path: str, say: Log) -> dict:
     losses += list(step.losses)
     rounds.append(summary)
   models.save_pretrained(trained, path)
-  result = result._replace(model=trained, losses=np.asarray(losses))
-  tail = result.losses[-max(1, len(result.losses) // 10):]
+  losses = np.asarray(losses)
+  tail = losses[-max(1, len(losses) // 10):]
   return {"walkthroughs": walk, "dagger": rounds, "train_tasks": [t.ident for t in tasks],
-          "model": {"num_params": int(models.param_count(result.model)),
+          "init": _init_summary(init_dir),
+          "model": {"num_params": int(models.param_count(trained)),
                     "vocab_size": model_cfg.vocab_size},
           "training": {"num_examples": data.num_examples, "max_length": int(data.ids.shape[1]),
-                       "num_steps": len(result.losses), "initial_loss": float(result.losses[0]),
-                       "final_loss": float(np.mean(tail)), "seconds": time.time() - t_sft},
+                       "num_steps": len(losses),
+                       "initial_loss": float(losses[0]) if len(losses) else None,
+                       "final_loss": float(np.mean(tail)) if len(losses) else None,
+                       "seconds": time.time() - t_sft},
           "seconds": time.time() - t0}
+
+
+def _encode(tok, examples: Sequence[dict], model_cfg) -> train_lib.SFTData:
+  prompts = [text_agent.format_prompt(tok, e["context"]) for e in examples]
+  data = train_lib.encode_examples(tok, prompts, [e["output"] for e in examples])
+  if data.ids.shape[1] > model_cfg.max_position_embeddings:
+    raise ValueError(f"model.max_position_embeddings: {model_cfg.max_position_embeddings} is "
+                     f"shorter than the longest example ({data.ids.shape[1]} tokens)")
+  return data
+
+
+# What a Hugging Face directory keeps of its tokenizer (the fast tokenizer, its config, the
+# special tokens, a chat template saved apart, and the slow tokenizer's vocabularies).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt",
+                    "added_tokens.json", "generation_config.json")
+
+
+def _copy_tokenizer_files(source: str, target: str) -> None:
+  for name in _TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(source, name)):
+      shutil.copy2(os.path.join(source, name), os.path.join(target, name))
+
+
+def _init_summary(init_dir: str | None) -> dict | None:
+  """What the build started from: the directory and, for one of our builds, its manifest's
+  config and training summary (so a continued build names its whole lineage)."""
+  if not init_dir:
+    return None
+  try:
+    with open(os.path.join(init_dir, MANIFEST)) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError):
+    manifest = {}
+  return {"dir": os.path.abspath(init_dir), "config": manifest.get("config"),
+          "training": manifest.get("training"), "init": manifest.get("init")}
 
 
 def load_agent(directory: str):

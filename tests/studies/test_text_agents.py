@@ -79,6 +79,33 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   assert os.path.getmtime(os.path.join(directory, "model.safetensors")) == stamp
 
 
+def test_build_from_an_init_dir_continues_that_model_with_its_tokenizer(built, tmp_path):
+  cfg, directory, _ = built
+  with open(os.path.join(directory, "manifest.json")) as f:
+    first = json.load(f)
+  # Zero SFT steps and no DAgger: the new directory holds the same weights and tokenizer.
+  same = _micro()
+  same.init_dir, same.sft.num_steps, same.dagger.rounds = directory, 0, 0
+  out = text_agents.build_agent(same, str(tmp_path / "same"))
+  for name in ("model.safetensors", "tokenizer.json"):
+    with open(os.path.join(directory, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
+      assert a.read() == b.read(), name
+  with open(os.path.join(out, "manifest.json")) as f:
+    manifest = json.load(f)
+  assert manifest["init"]["dir"] == os.path.abspath(directory)
+  assert manifest["init"]["config"] == first["config"]
+  assert manifest["training"]["num_steps"] == 0
+  # Training goes on from the trained weights: its first loss is the trained model's, far
+  # below a fresh model's first loss on the same data.
+  more = _micro()
+  more.init_dir, more.sft.num_steps, more.dagger.rounds = directory, 2, 0
+  out = text_agents.build_agent(more, str(tmp_path / "more"))
+  with open(os.path.join(out, "manifest.json")) as f:
+    manifest = json.load(f)
+  assert manifest["training"]["num_steps"] == 2
+  assert manifest["training"]["initial_loss"] < 0.8 * first["training"]["initial_loss"]
+
+
 def test_walkthrough_examples_are_the_expert_turns_in_the_agent_format():
   tasks = alfworld.tasks("seen", per_type=1, task_types=("pick_and_place_simple",))
   examples, summary = text_agents.walkthroughs(tasks, window=1, max_steps=50)
@@ -197,6 +224,14 @@ def test_bad_inputs(tmp_path):
   cfg = config_lib.get_config("micro,scienceworld")
   cfg.augment.copies = 1
   with pytest.raises(ValueError, match="augment.copies"):
+    text_agents.check_config(cfg)
+  cfg = _micro()
+  cfg.init_dir = str(tmp_path)  # no config.json there
+  with pytest.raises(ValueError, match="init_dir"):
+    text_agents.check_config(cfg)
+  cfg = _micro()
+  cfg.sft.num_steps = 0  # nothing to train from without init_dir
+  with pytest.raises(ValueError, match="sft.num_steps"):
     text_agents.check_config(cfg)
   cfg = _micro()
   cfg.augment.repeats = 0
