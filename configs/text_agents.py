@@ -106,6 +106,9 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.eval.batch_size = 8
   config.eval.max_steps = 50    # turns per evaluation episode
   config.eval.max_new_tokens = 64
+  # 0: greedy. Above 0 the agent samples (seeded by `seed`): a greedy agent that errs in a
+  # state errs the same way each time it comes back, a sampling one may not.
+  config.eval.temperature = 0.0
   # Expert states per split (of the evaluation tasks' walkthroughs) on which the agent's
   # greedy action is compared with the expert's (text_agents.decision_accuracy; 0: skip).
   config.eval.decision_states = 160

@@ -132,6 +132,10 @@ def check_config(cfg) -> None:
     verbs = aug.get("repeat_verbs", ())
     if isinstance(verbs, str) or not all(isinstance(v, str) and v for v in verbs):
       raise ValueError(f"augment.repeat_verbs: expected a tuple of verbs, got {verbs!r}")
+  temperature = cfg.eval.get("temperature", 0.0)
+  if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+      0 <= temperature < float("inf")):
+    raise ValueError(f"eval.temperature: expected a finite number >= 0, got {temperature!r}")
   init_dir = cfg.get("init_dir", None)
   if init_dir and not os.path.isfile(os.path.join(init_dir, "config.json")):
     raise ValueError(f"init_dir: expected a Hugging Face model directory (with config.json), "
@@ -537,12 +541,17 @@ def traces_from_log(records) -> list[text_metrics.EpisodeTrace]:
 
 def evaluate(model, tokenizer, tasks, setting: str, *, window: int, max_steps: int,
              batch_size: int = 8, max_new_tokens: int = 64, workers: int = 0,
-             log_path: str | None = None) -> tuple[list[text_metrics.EpisodeTrace], dict]:
-  """Plays `tasks` greedily under one setting of :data:`SETTINGS`; returns (traces, stats)."""
+             log_path: str | None = None, temperature: float = 0.0,
+             seed: int = 0) -> tuple[list[text_metrics.EpisodeTrace], dict]:
+  """Plays `tasks` under one setting of :data:`SETTINGS`; returns (traces, stats).
+
+  Greedy at ``temperature=0`` (the default); otherwise sampled at that temperature, the draws
+  a function of `seed` (`rollouts.LMGenerator`)."""
   if setting not in SETTINGS:
     raise ValueError(f"setting: expected one of {tuple(SETTINGS)}, got {setting!r}")
   st, am = SETTINGS[setting]
-  generator = rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens)
+  generator = rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens,
+                                   temperature=temperature, seed=seed)
   own_log = log_path is None
   if own_log:
     handle, log_path = tempfile.mkstemp(suffix=".jsonl")
@@ -651,7 +660,9 @@ def run(cfg, *, log: Log | None = None) -> dict:
     for split, ts in tasks.items():
       traces, st = evaluate(model, tok, ts, setting, window=int(cfg.window),
                             max_steps=int(cfg.eval.max_steps), batch_size=int(cfg.eval.batch_size),
-                            max_new_tokens=int(cfg.eval.max_new_tokens))
+                            max_new_tokens=int(cfg.eval.max_new_tokens),
+                            temperature=float(cfg.eval.get("temperature", 0.0)),
+                            seed=int(cfg.seed))
       agent[setting][split], stats[f"{setting}/{split}"] = traces, st
       say(f"text agents: {setting} {split}: success "
           f"{text_metrics.success(traces)} ({st['seconds']:.0f} s)")
@@ -677,6 +688,11 @@ def _cell(rate: text_metrics.Rate) -> str:
   return "n/a" if not rate.trials else f"{100 * rate.value:.1f} ({rate.successes}/{rate.trials})"
 
 
+def _decoding(cfg) -> str:
+  t = float(cfg.eval.get("temperature", 0.0))
+  return "greedy decoding" if t == 0 else f"sampled at temperature {t:g} (seed {cfg.seed})"
+
+
 def render(cfg, result: dict) -> str:
   """The report: the HAD paper's tables' shape (docs/text_eval.md)."""
   from harnax.studies.results import markdown_table
@@ -685,7 +701,7 @@ def render(cfg, result: dict) -> str:
   lines = [f"# Text agents on {'ALFWorld' if cfg.game == 'alfworld' else 'ScienceWorld'}", "",
            f"Agent: `{os.path.basename(result['agent_dir'])}`; {len(next(iter(rnd.values())))} "
            f"tasks per split ({', '.join(cfg.task_types)}), at most {cfg.eval.max_steps} turns, "
-           f"greedy decoding, context window {cfg.window} turns.", "",
+           f"{_decoding(cfg)}, context window {cfg.window} turns.", "",
            "## Success (%) by harness setting", ""]
   header = ["agent"] + [f"{s} / {split}" for s in agent for split in ("seen", "unseen")]
   rows = [["LM agent"] + [_cell(text_metrics.success(agent[s][split]))

@@ -188,6 +188,26 @@ def test_evaluate_traces_match_the_rollout_log(built, tmp_path):
     assert shows_harness == (setting == "with_harness")
 
 
+def test_sampled_evaluation_is_a_function_of_its_seed(built, tmp_path):
+  cfg, directory, _ = built
+  model, tok = text_agents.load_agent(directory)
+  tasks = alfworld.tasks("seen", per_type=1, task_types=tuple(cfg.task_types), seed=1)
+
+  def actions(temperature, seed):
+    log = str(tmp_path / f"{temperature}-{seed}.jsonl")
+    text_agents.evaluate(model, tok, tasks, "with_harness", window=cfg.window, max_steps=4,
+                         log_path=log, temperature=temperature, seed=seed)
+    return [r["output"] for r in rollouts.read_log(log) if r.get("kind") == "turn"]
+
+  greedy = actions(0.0, 0)
+  assert actions(0.0, 7) == greedy  # greedy ignores the seed
+  sampled = actions(1.0, 3)
+  assert actions(1.0, 3) == sampled
+  # At temperature 1 a 30-step model's outputs are far from deterministic: some turn differs
+  # from the greedy one (each of the 4 turns has dozens of tokens to draw).
+  assert sampled != greedy
+
+
 def test_random_agent_and_report(built):
   cfg, directory, _ = built
   tasks = alfworld.tasks("seen", per_type=1, task_types=tuple(cfg.task_types))
@@ -228,6 +248,10 @@ def test_bad_inputs(tmp_path):
   cfg = _micro()
   cfg.init_dir = str(tmp_path)  # no config.json there
   with pytest.raises(ValueError, match="init_dir"):
+    text_agents.check_config(cfg)
+  cfg = _micro()
+  cfg.eval.temperature = -0.5
+  with pytest.raises(ValueError, match="eval.temperature"):
     text_agents.check_config(cfg)
   cfg = _micro()
   cfg.sft.num_steps = 0  # nothing to train from without init_dir
