@@ -98,6 +98,9 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.dagger.rounds = 0
   config.dagger.num_steps = 300     # SFT steps per round
   config.dagger.expert_prob = 0.0   # execute the expert's action instead with this probability
+  # Training tasks the model plays per round: the first `per_type` of each type (None: all).
+  config.dagger.per_type = ml_collections.config_dict.placeholder(int)
+  config.dagger.batch_size = 8      # games played at once (one batched generation per turn)
 
   # Evaluation (harnax.studies.text_agents.evaluate).
   config.eval = ml_collections.ConfigDict()

@@ -21,6 +21,7 @@ per-episode traces the HAD metrics read (`harnax.studies.text_metrics`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -143,6 +144,15 @@ def check_config(cfg) -> None:
   steps = cfg.sft.num_steps
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < (0 if init_dir else 1):
     raise ValueError(f"sft.num_steps: expected an int >= 1 (>= 0 with init_dir), got {steps!r}")
+  d = cfg.dagger
+  for field, low in (("rounds", 0), ("num_steps", 1), ("batch_size", 1)):
+    value = d.get(field, 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+      raise ValueError(f"dagger.{field}: expected an int >= {low}, got {value!r}")
+  dagger_per_type = d.get("per_type", None)
+  if dagger_per_type is not None and (isinstance(dagger_per_type, bool) or not isinstance(
+      dagger_per_type, int) or dagger_per_type < 1):
+    raise ValueError(f"dagger.per_type: expected None or an int >= 1, got {dagger_per_type!r}")
   rooms = cfg.get("rooms", None)
   if rooms is not None and (cfg.game != "alfworld" or isinstance(rooms, str) or not rooms
                             or any(r not in alfworld.ROOM_TYPES for r in rooms)):
@@ -352,13 +362,25 @@ def config_dict(cfg) -> dict:
   return json.loads(cfg.to_json())
 
 
+# Config fields that do not change what a build makes: how it is evaluated and where things go.
+_NOT_BUILD_FIELDS = ("eval", "output_dir", "checkpoint", "agent_dir")
+
+
+def build_key(config: dict) -> dict:
+  """The part of a config (as `config_dict` gives it) that determines a build."""
+  return {k: v for k, v in config.items() if k not in _NOT_BUILD_FIELDS}
+
+
 def is_built(directory: str, cfg) -> bool:
+  """Whether `directory` holds a build of `cfg` (equal in every field but the evaluation's and
+  the paths')."""
   try:
     with open(os.path.join(directory, MANIFEST)) as f:
       manifest = json.load(f)
   except (OSError, ValueError):
     return False
-  return manifest.get("format") == FORMAT and manifest.get("config") == config_dict(cfg)
+  return manifest.get("format") == FORMAT and build_key(manifest.get("config") or {}) == (
+      build_key(config_dict(cfg)))
 
 
 def build_agent(cfg, directory: str, *, log: Log | None = None) -> str:
@@ -450,10 +472,12 @@ def _build(cfg, path: str, say: Log) -> dict:
         prompt_weight=float(s.get("prompt_weight", 0.0)))
     trained, losses = result.model, list(result.losses)
   d = cfg.dagger
+  played = _first_per_type(tasks, d.get("per_type", None))
   for r in range(int(d.rounds)):
-    more, summary = dagger_examples(trained, tok, tasks, window=int(cfg.window),
+    more, summary = dagger_examples(trained, tok, played, window=int(cfg.window),
                                     max_steps=int(cfg.max_steps), expert_prob=float(d.expert_prob),
-                                    seed=int(cfg.seed) + r)
+                                    seed=int(cfg.seed) + r,
+                                    batch_size=int(d.get("batch_size", 8)))
     examples += more
     say(f"text agent: DAgger round {r + 1}: the model won {summary['won']}/{summary['episodes']}"
         f" ({summary['parse_failures']} outputs without an action); {len(examples)} examples")
@@ -480,6 +504,19 @@ def _build(cfg, path: str, say: Log) -> dict:
                        "final_loss": float(np.mean(tail)) if len(losses) else None,
                        "seconds": time.time() - t_sft},
           "seconds": time.time() - t0}
+
+
+def _first_per_type(tasks: Sequence[GameTask], per_type: int | None) -> list[GameTask]:
+  """The first `per_type` tasks of each task type, in order (None: all of them)."""
+  if per_type is None:
+    return list(tasks)
+  seen = collections.Counter()
+  out = []
+  for t in tasks:
+    seen[t.task_type] += 1
+    if seen[t.task_type] <= per_type:
+      out.append(t)
+  return out
 
 
 def _encode(tok, examples: Sequence[dict], model_cfg) -> train_lib.SFTData:

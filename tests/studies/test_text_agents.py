@@ -31,6 +31,7 @@ def _micro():
   cfg.sft.length_bucket = 512
   cfg.dagger.rounds = 1
   cfg.dagger.num_steps = 10
+  cfg.dagger.per_type = 1  # of the 2 training tasks, the model plays the first in DAgger
   cfg.max_steps = 20
   cfg.eval.per_type = 1
   cfg.eval.max_steps = 6
@@ -58,9 +59,10 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   walk = manifest["walkthroughs"]
   # The expert wins its training tasks from observations alone, and every turn is an example.
   assert walk["won"] == walk["episodes"] == 2
-  # One DAgger round: the model played the same tasks and the expert labelled its turns.
+  # One DAgger round: the model played the first training task and the expert labelled its
+  # turns.
   (dagger,) = manifest["dagger"]
-  assert dagger["episodes"] == 2 and dagger["turns"] >= 2
+  assert dagger["episodes"] == 1 and dagger["turns"] >= 1
   # The walkthrough turns, a repeat of each finishing turn ("take", "move", ...), all of them
   # relabeled once more, then the DAgger turns (neither repeated nor relabeled).
   examples, _ = text_agents.walkthroughs(text_agents.train_tasks(cfg), window=cfg.window,
@@ -77,6 +79,15 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   assert text_agents.build_agent(cfg, directory, log=lines.append) == directory
   assert "reusing" in lines[0]
   assert os.path.getmtime(os.path.join(directory, "model.safetensors")) == stamp
+  # How a build is evaluated is not part of it; how it is trained is.
+  other = _micro()
+  other.eval.max_steps, other.eval.temperature, other.output_dir = 9, 0.5, "elsewhere"
+  assert text_agents.is_built(directory, other)
+  other.sft.num_steps += 1
+  assert not text_agents.is_built(directory, other)
+  other = _micro()
+  other.dagger.per_type = None
+  assert not text_agents.is_built(directory, other)
 
 
 def test_build_from_an_init_dir_continues_that_model_with_its_tokenizer(built, tmp_path):
@@ -249,6 +260,11 @@ def test_bad_inputs(tmp_path):
   cfg.init_dir = str(tmp_path)  # no config.json there
   with pytest.raises(ValueError, match="init_dir"):
     text_agents.check_config(cfg)
+  for field, value in (("rounds", -1), ("num_steps", 0), ("batch_size", 0), ("per_type", 0)):
+    cfg = _micro()
+    cfg.dagger[field] = value
+    with pytest.raises(ValueError, match=f"dagger.{field}"):
+      text_agents.check_config(cfg)
   cfg = _micro()
   cfg.eval.temperature = -0.5
   with pytest.raises(ValueError, match="eval.temperature"):
