@@ -120,53 +120,43 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
 
   if variant == "student":
     config.agent_dir = f"results/text_agents/{game}-student"
-    config.model.hidden_size = 64
-    config.model.num_layers = 2
-    config.model.head_dim = 16
-    config.model.intermediate_size = 192
-    config.model.init_std = 0.12
-  elif variant == "micro":
+    _small_model(config)
+  elif variant in ("micro", "micro_teacher"):
+    if variant == "micro_teacher" and game != "alfworld":
+      raise ValueError(f"variant: micro_teacher is an ALFWorld build, got game {game!r}")
     config.agent_dir = f"results/text_agents/{game}-micro"
     config.task_types = (("pick_and_place_simple",) if game == "alfworld"
                          else ("lifespan-longest-lived",))
     config.per_type = 6
     config.window = 1
     config.tokenizer.vocab_size = 768
-    config.model.hidden_size = 64
-    config.model.num_layers = 2
-    config.model.head_dim = 16
-    config.model.intermediate_size = 192
-    config.model.init_std = 0.12
+    _small_model(config)
     config.sft.num_steps = 300
     config.sft.learning_rate = 5e-3
     config.augment.copies = 0
     config.eval.per_type = 4
-  elif variant == "micro_teacher":
-    # The smallest build that wins games, for CI: the teacher's recipe at micro size on the
-    # walkthroughs of 8 pick-and-place tasks in seen bathrooms (short walkthroughs, few
-    # receptacles). It wins those seen tasks; it is too small to win other instances
-    # (docs/text_agents.md, "A teacher that wins in CI").
-    config.agent_dir = f"results/text_agents/{game}-micro-teacher"
-    if game != "alfworld":
-      raise ValueError(f"variant: micro_teacher is an ALFWorld build, got game {game!r}")
-    config.task_types = ("pick_and_place_simple",)
-    config.rooms = ("bathroom",)
-    config.per_type = 8
-    config.max_steps = 30
-    config.tokenizer.vocab_size = 768
-    config.model.hidden_size = 64
-    config.model.num_layers = 2
-    config.model.head_dim = 16
-    config.model.intermediate_size = 192
-    config.model.init_std = 0.12
-    config.sft.num_steps = 400
-    config.sft.batch_size = 8
-    config.sft.learning_rate = 5e-3
-    config.augment.copies = 0
-    config.eval.per_type = 8
-    config.eval.task_seed = 0      # the training tasks themselves (see above)
-    config.eval.max_steps = 20
+    if variant == "micro_teacher":
+      # The smallest build that wins games, for CI: the micro model on the walkthroughs of 8
+      # pick-and-place tasks in seen bathrooms (short walkthroughs, few receptacles). It wins
+      # those seen tasks; it is too small to win other instances (docs/text_agents.md, "A
+      # teacher that wins in CI").
+      config.agent_dir = f"results/text_agents/{game}-micro-teacher"
+      config.rooms = ("bathroom",)
+      config.per_type = 8
+      config.max_steps = 30
+      config.sft.num_steps = 400
+      config.sft.batch_size = 8
+      config.eval.per_type = 8
+      config.eval.task_seed = 0      # the training tasks themselves (see above)
+      config.eval.max_steps = 20
   elif variant != "teacher":
     raise ValueError(f"variant: expected 'teacher', 'student', 'micro' or 'micro_teacher', got "
                      f"{variant!r}")
   return config
+
+
+def _small_model(config: ml_collections.ConfigDict) -> None:
+  """The student's size (2 layers of width 64), which the micro builds share."""
+  m = config.model
+  m.hidden_size, m.num_layers, m.head_dim, m.intermediate_size = 64, 2, 16, 192
+  m.init_std = 0.12
