@@ -133,6 +133,14 @@ def check_config(cfg) -> None:
     verbs = aug.get("repeat_verbs", ())
     if isinstance(verbs, str) or not all(isinstance(v, str) and v for v in verbs):
       raise ValueError(f"augment.repeat_verbs: expected a tuple of verbs, got {verbs!r}")
+    rejections = aug.get("rejections", 0.0)
+    if isinstance(rejections, bool) or not isinstance(rejections, (int, float)) or not (
+        0 <= rejections <= 1):
+      raise ValueError(f"augment.rejections: expected a probability in [0, 1], got "
+                       f"{rejections!r}")
+    if rejections and cfg.game != "alfworld":
+      raise ValueError(f"augment.rejections: mistaken commands are written for ALFWorld only; "
+                       f"expected 0 for {cfg.game!r}, got {rejections}")
   temperature = cfg.eval.get("temperature", 0.0)
   if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
       0 <= temperature < float("inf")):
@@ -194,19 +202,44 @@ def _expert(game: HarnessedGame, info: dict):
   return next_step
 
 
-def walkthroughs(tasks, *, window: int, max_steps: int) -> tuple[list[dict], dict]:
+def walkthroughs(tasks, *, window: int, max_steps: int, rejections: float = 0.0,
+                 seed: int = 0) -> tuple[list[dict], dict]:
   """The expert's turns on `tasks`, through the full harness.
 
+  Args:
+    tasks: the games to play.
+    window: recent turns shown in each example's context.
+    max_steps: the expert's actions per episode.
+    rejections: ALFWorld: before each expert action, with this probability, a mistaken command
+      (:func:`experts.alfworld_mistakes`) is played first. The monitor rejects it (the game
+      does not see it) and the expert's action follows with the rejection and its feedback in
+      the context. The mistake is never a training target; the turn after it is. 0: off.
+    seed: the draws of `rejections`.
+
   Returns:
-    (examples, summary): one ``{"task", "context", "output", "action"}`` per turn; the summary
-    counts episodes, wins and turns.
+    (examples, summary): one ``{"task", "context", "output", "action"}`` per expert turn;
+    the summary counts episodes, wins, turns (rejected ones included) and rejections.
   """
-  examples, wins, turns = [], 0, 0
+  if not 0.0 <= rejections <= 1.0:
+    raise ValueError(f"rejections: expected a probability in [0, 1], got {rejections!r}")
+  if rejections and any(t.game != "alfworld" for t in tasks):
+    raise ValueError("rejections: mistaken commands are written for ALFWorld only")
+  rng = random.Random(seed)
+  examples, wins, turns, rejected = [], 0, 0, 0
   for task in tasks:
-    game = HarnessedGameMaker(max_steps=max_steps)(task)
+    # Rejected turns count against the harness's turn limit; leave room for them.
+    game = HarnessedGameMaker(max_steps=2 * max_steps if rejections else max_steps)(task)
     _, info = game.reset()
     expert = _expert(game, info)
     for _ in range(max_steps):
+      if rejections and rng.random() < rejections:
+        wrong = experts.alfworld_mistakes(info["goal"], game.record, info["admissible"])
+        if wrong:
+          _, _, _, _, after = game.step(rng.choice(wrong))
+          if after["harness"]["accepted"]:
+            raise RuntimeError(f"walkthroughs: the monitor accepted a mistaken command in "
+                               f"{task.ident}; alfworld_mistakes must write inadmissible ones")
+          rejected += 1
       step = expert(info)
       examples.append({"task": task.ident, "context": game.context(window=window),
                        "output": text_agent.format_output(step.thought, step.action),
@@ -217,7 +250,7 @@ def walkthroughs(tasks, *, window: int, max_steps: int) -> tuple[list[dict], dic
     wins += bool(info.get("won"))
     turns += len(game.turns)
     game.close()
-  return examples, {"episodes": len(tasks), "won": wins, "turns": turns}
+  return examples, {"episodes": len(tasks), "won": wins, "turns": turns, "rejected": rejected}
 
 
 def dagger_examples(model, tokenizer, tasks, *, window: int, max_steps: int,
@@ -425,10 +458,13 @@ def train_tasks(cfg) -> list[GameTask]:
 def _build(cfg, path: str, say: Log) -> dict:
   t0 = time.time()
   tasks = train_tasks(cfg)
-  examples, walk = walkthroughs(tasks, window=int(cfg.window), max_steps=int(cfg.max_steps))
-  say(f"text agent: {len(examples)} expert turns from {walk['episodes']} seen tasks "
-      f"({walk['won']} won, {time.time() - t0:.1f} s)")
   aug = cfg.get("augment", None)
+  rejections = float(aug.get("rejections", 0.0)) if aug is not None else 0.0
+  examples, walk = walkthroughs(tasks, window=int(cfg.window), max_steps=int(cfg.max_steps),
+                                rejections=rejections, seed=int(cfg.seed))
+  say(f"text agent: {len(examples)} expert turns from {walk['episodes']} seen tasks "
+      f"({walk['won']} won, {walk['rejected']} after a rejected mistake, "
+      f"{time.time() - t0:.1f} s)")
   if aug is not None and int(aug.get("repeats", 1)) > 1:
     before = len(examples)
     examples = repeat_verbs(examples, verbs=tuple(aug.repeat_verbs), repeats=int(aug.repeats))

@@ -38,6 +38,7 @@ def _micro():
   cfg.eval.settings = ("with_harness", "harness_removed")
   cfg.augment.copies = 1
   cfg.augment.repeats = 2
+  cfg.augment.rejections = 0.3
   return cfg
 
 
@@ -66,11 +67,14 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   # The walkthrough turns, a repeat of each finishing turn ("take", "move", ...), all of them
   # relabeled once more, then the DAgger turns (neither repeated nor relabeled).
   examples, _ = text_agents.walkthroughs(text_agents.train_tasks(cfg), window=cfg.window,
-                                         max_steps=cfg.max_steps)
+                                         max_steps=cfg.max_steps,
+                                         rejections=cfg.augment.rejections, seed=cfg.seed)
   finishing = sum(e["action"].split()[0] in cfg.augment.repeat_verbs for e in examples)
   assert finishing >= 2 * 2  # at least a take and a move per task
+  # Rejected mistakes are turns of the game, not examples.
+  assert walk["rejected"] >= 1 and len(examples) == walk["turns"] - walk["rejected"]
   assert manifest["training"]["num_examples"] == (
-      (walk["turns"] + finishing) * (1 + cfg.augment.copies) + dagger["turns"])
+      (len(examples) + finishing) * (1 + cfg.augment.copies) + dagger["turns"])
   assert manifest["training"]["num_steps"] == 30 + 10
   assert manifest["training"]["final_loss"] < manifest["training"]["initial_loss"]
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(directory))
@@ -126,6 +130,29 @@ def test_walkthrough_examples_are_the_expert_turns_in_the_agent_format():
     assert "<harness_state>" in e["context"]
   # The last action is the placement that won.
   assert examples[-1]["action"].startswith(("move ", "put "))
+
+
+def test_rejected_mistakes_leave_the_walkthrough_and_precede_a_recovery():
+  tasks = alfworld.tasks("seen", per_type=1, task_types=("pick_cool_then_place_in_recep",
+                                                         "pick_two_obj_and_place"))
+  plain, plain_summary = text_agents.walkthroughs(tasks, window=1, max_steps=50)
+  examples, summary = text_agents.walkthroughs(tasks, window=1, max_steps=50, rejections=0.3,
+                                               seed=4)
+  # A rejected command is not executed, so the expert plays the same game: same actions, same
+  # wins; only the contexts after a mistake differ (they show it and its feedback).
+  assert [e["action"] for e in examples] == [e["action"] for e in plain]
+  assert summary["won"] == plain_summary["won"] == 2
+  assert summary["rejected"] >= 3 and summary["turns"] == plain_summary["turns"] + (
+      summary["rejected"])
+  after = [e for e in examples if '<harness_feedback>Rejected "' in e["context"]]
+  assert len(after) == summary["rejected"]
+  for e in after:
+    mistake = re.search(r'Rejected "([^"]+)"', e["context"]).group(1)
+    assert mistake != e["action"] and mistake not in e["output"]
+  assert examples == text_agents.walkthroughs(tasks, window=1, max_steps=50, rejections=0.3,
+                                              seed=4)[0]
+  with pytest.raises(ValueError, match="rejections"):
+    text_agents.walkthroughs(tasks, window=1, max_steps=50, rejections=1.5)
 
 
 def test_relabeled_copies_rename_each_instance_consistently():
@@ -276,6 +303,15 @@ def test_bad_inputs(tmp_path):
   cfg = _micro()
   cfg.augment.repeats = 0
   with pytest.raises(ValueError, match="augment.repeats"):
+    text_agents.check_config(cfg)
+  for value in (-0.1, 1.5):
+    cfg = _micro()
+    cfg.augment.rejections = value
+    with pytest.raises(ValueError, match="augment.rejections"):
+      text_agents.check_config(cfg)
+  cfg = config_lib.get_config("micro,scienceworld")
+  cfg.augment.rejections = 0.1
+  with pytest.raises(ValueError, match="augment.rejections"):
     text_agents.check_config(cfg)
   cfg = _micro()
   cfg.augment.repeat_verbs = ("take", "")

@@ -19,7 +19,10 @@ ALFWorld (:func:`alfworld_step`), from the goal sentence (the six task types' te
 
 Every choice is the first fitting entry of a rendered record line, and the thought quotes that
 line up to the entry before the action names it (:func:`cite`): "task objects: none seen.
-unexplored: cabinet 11. I go to cabinet 11."
+unexplored: cabinet 11. I go to cabinet 11." While carrying a target, the thought quotes its
+inventory entry (states marked on it) and then the task line, so that "is a change still to
+make" is read from two quotes just written: "inventory: plate 1. task: put a hot plate in
+countertop. It is not hot yet. I go to microwave 1."
 
 ScienceWorld's expert is its gold path (``expert_plan()``), replayed with a generic thought.
 """
@@ -127,7 +130,7 @@ def cite(record: Record, header: str, item: str | None = None) -> str:
     raise ValueError(f"header: the record renders no {header!r} line")
   if item is None:
     return line
-  m = re.search(rf"(?:(?<=: )|(?<=, )){re.escape(item)}(?: \([a-z ]+\))?(?=,|$| in )", line)
+  m = re.search(rf"(?:(?<=: )|(?<=, )){re.escape(item)}(?: \([a-z, ]+\))?(?=,|$| in )", line)
   if m is None:
     raise ValueError(f"item: {item!r} is not on the record's {header!r} line {line!r}")
   end = m.end()
@@ -206,7 +209,11 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
 
   if carried:
     obj = carried[0]
+    # The carried object's entry (its states marked on it, "plate 1 (hot)") and then the task
+    # line: whether a change is still to make is read from the two quotes just written.
     inventory = cite(record, "inventory", obj)
+    if record.goal.strip():
+      inventory += f". {cite(record, 'task')}"
     if goal.change is not None:
       prop, appliances = CHANGES[goal.change]
       if prop not in record.properties.get(obj, set()):
@@ -271,6 +278,36 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
     return _go(where, f"{quote}.")
   want = goal.obj if not placed else f"second {goal.obj}"
   return _explore(record, want, commands)
+
+
+def alfworld_mistakes(goal: AlfWorldGoal | str, record: Record,
+                      admissible: tuple[str, ...]) -> list[str]:
+  """Commands a learner writes wrongly in this state, none of them admissible.
+
+  The kinds a trained agent was seen to repeat (docs/text_agents.md, "Status"): opening what
+  is open or cannot be opened, a heat / cool / clean step with the wrong receptacle or none
+  needed, taking a task object from where it is not, going to a name the room does not have.
+  The walkthroughs insert some of them (`text_agents.walkthroughs(rejections=)`), so that the
+  turn after a rejection, its feedback in the context, is in the training data.
+
+  Returns:
+    Candidate commands, sorted; empty when none applies.
+  """
+  if isinstance(goal, str):
+    goal = parse_alfworld_goal(goal)
+  here = record.spot()
+  wrong = {f"open {p}" for p in here}
+  for obj in record.inventory:
+    wrong |= {f"{verb} {obj} with {p}" for verb in CHANGES for p in here}
+  for obj in record.task_objects():
+    where = record.objects[obj].where
+    if where != INVENTORY and here and where not in here:
+      wrong.add(f"take {obj} from {here[0]}")
+  for p in here:
+    numbers = [_number(q) for q in record.places if name_class(q) == name_class(p)]
+    wrong.add(f"go to {name_class(p)} {max(numbers) + 1}")
+  allowed = set(admissible)
+  return sorted(w for w in wrong if w not in allowed)
 
 
 def scienceworld_thought(record: Record, action: str) -> str:

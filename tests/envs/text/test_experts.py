@@ -107,6 +107,66 @@ def test_expert_chooses_the_first_fitting_entry_and_quotes_it():
                           " I go to drawer 1.")
 
 
+def _carrying(goal: str, props=()) -> Record:
+  """Carrying mug 1 at countertop 1, with a microwave and a fridge known, nothing closed."""
+  rec = Record("alfworld", goal=goal)
+  rec.places = {p: Place() for p in ("countertop 1", "fridge 1", "microwave 1", "shelf 1")}
+  rec.places_complete = True
+  rec.arrive("countertop 1")
+  rec.see_contents("countertop 1", [])
+  rec.inventory = ["mug 1"]
+  rec.inventory_complete = True
+  if props:
+    rec.properties["mug 1"] = set(props)
+  return rec
+
+
+def test_inventory_entries_carry_their_states():
+  assert "inventory: mug 1\n" in _carrying("put a cool mug in shelf").render()
+  rendered = _carrying("put a cool mug in shelf", {"cool", "clean"}).render()
+  assert "inventory: mug 1 (clean, cool)\n" in rendered
+  assert rendered.splitlines()[-1] == "states: mug 1 (clean, cool)"
+  assert experts.cite(_carrying("g", {"hot"}), "inventory", "mug 1") == "inventory: mug 1 (hot)"
+
+
+@pytest.mark.parametrize("goal,props,action,decision", [
+    # A change the task names, not made yet: go to its appliance.
+    ("put a cool mug in shelf", (), "go to fridge 1", "It is not cool yet."),
+    ("heat some mug and put it in shelf", (), "go to microwave 1", "It is not hot yet."),
+    # Made already (marked on the inventory entry): to the target.
+    ("put a cool mug in shelf", ("cool",), "go to shelf 1", "It goes in a shelf."),
+    # No change in the task: the made-up cool step of the seventh build's episodes is absent.
+    ("find two mug and put them in shelf", (), "go to shelf 1", "It goes in a shelf."),
+    ("put a mug in shelf", ("hot",), "go to shelf 1", "It goes in a shelf."),
+])
+def test_carrying_thought_quotes_the_inventory_entry_then_the_task(goal, props, action,
+                                                                   decision):
+  rec = _carrying(goal, props)
+  step = experts.alfworld_step(goal, rec, None)
+  inventory = "inventory: mug 1" + (f" ({', '.join(sorted(props))})" if props else "")
+  target = action.removeprefix("go to ")
+  assert step.action == action
+  assert step.thought == f"{inventory}. task: {goal}. {decision} I go to {target}."
+  assert _quotes_hold(step.thought, rec.render())
+
+
+def test_mistakes_are_inadmissible_and_of_the_kinds_seen():
+  rec = _record()
+  rec.inventory = ["apple 1"]
+  admissible = ("open cabinet 1", "examine cabinet 2", "go to drawer 1")
+  wrong = experts.alfworld_mistakes("put a knife in drawer", rec, admissible)
+  assert wrong == sorted(wrong) and not set(wrong) & set(admissible)
+  # Opening what is open (cabinet 2) or unopened here; a change step with no appliance; taking
+  # the knife seen on the countertop from here; a cabinet number the room does not have.
+  for expected in ("open cabinet 2", "open cabinet 10", "heat apple 1 with cabinet 1",
+                   "cool apple 1 with cabinet 2", "take knife 2 from cabinet 1",
+                   "go to cabinet 11"):
+    assert expected in wrong, (expected, wrong)
+  assert "open cabinet 1" not in wrong            # closed: opening it is right
+  assert not any(w.startswith("take knife 1") for w in wrong)  # it is here
+  assert experts.alfworld_mistakes("put a knife in drawer", Record("alfworld"), ()) == []
+
+
 def _quotes_hold(thought: str, rendered: str) -> bool:
   """Every "header: ..." sentence of a thought is the start of a rendered record line."""
   lines = rendered.splitlines()
