@@ -119,6 +119,9 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   # Expert states per split (of the evaluation tasks' walkthroughs) on which the agent's
   # greedy action is compared with the expert's (text_agents.decision_accuracy; 0: skip).
   config.eval.decision_states = 160
+  # Keep every turn of the agent's episodes (context, output, verdict, observation) in
+  # <output_dir>/episodes/<setting>-<split>.jsonl, to replay or inspect them.
+  config.eval.log_episodes = True
   config.eval.settings = ("with_harness", "harness_removed", "state_tracking_hidden",
                           "action_monitoring_hidden")
 

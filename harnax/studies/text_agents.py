@@ -717,7 +717,9 @@ def eval_tasks(cfg) -> dict[str, list[GameTask]]:
 def run(cfg, *, log: Log | None = None) -> dict:
   """Builds (or loads) the agent, then evaluates it and the random baseline under every setting
   on seen and unseen tasks, and the agent's actions at the expert's states of the same tasks
-  (``cfg.eval.decision_states`` per split; 0 skips). Returns ``{"agent": {setting: {split:
+  (``cfg.eval.decision_states`` per split; 0 skips). With ``cfg.eval.log_episodes`` every
+  turn of the agent's episodes is kept in ``<output_dir>/episodes/<setting>-<split>.jsonl``
+  (`rollouts.read_log`, `rollouts.replay`). Returns ``{"agent": {setting: {split:
   traces}}, "random": {split: traces}, "decisions": {split: decision_accuracy(...)}, "stats":
   ..., "agent_dir": ...}``."""
   say = log or (lambda line: None)
@@ -728,14 +730,18 @@ def run(cfg, *, log: Log | None = None) -> dict:
   model, tok = load_agent(directory)
   tasks = eval_tasks(cfg)
   agent, stats = {}, {}
+  episodes = os.path.join(cfg.output_dir, "episodes") if cfg.eval.get("log_episodes") else None
+  if episodes:
+    os.makedirs(episodes, exist_ok=True)
   for setting in cfg.eval.settings:
     agent[setting] = {}
     for split, ts in tasks.items():
+      log_path = os.path.join(episodes, f"{setting}-{split}.jsonl") if episodes else None
       traces, st = evaluate(model, tok, ts, setting, window=int(cfg.window),
                             max_steps=int(cfg.eval.max_steps), batch_size=int(cfg.eval.batch_size),
                             max_new_tokens=int(cfg.eval.max_new_tokens),
                             temperature=float(cfg.eval.get("temperature", 0.0)),
-                            seed=int(cfg.seed))
+                            seed=int(cfg.seed), log_path=log_path)
       agent[setting][split], stats[f"{setting}/{split}"] = traces, st
       say(f"text agents: {setting} {split}: success "
           f"{text_metrics.success(traces)} ({st['seconds']:.0f} s)")

@@ -268,6 +268,18 @@ def test_random_agent_and_report(built):
     assert d["overall"].trials == min(len(walk), cfg.eval.decision_states)
     assert m[f"agent/decisions/{split}"]["overall"]["trials"] == d["overall"].trials
   assert "## The agent's action at the expert's states" in text
+  # Every turn of every episode is kept, one log per setting and split, and replays.
+  for setting in cfg.eval.settings:
+    for split, ts in text_agents.eval_tasks(cfg).items():
+      records = rollouts.read_log(os.path.join(cfg.output_dir, "episodes",
+                                               f"{setting}-{split}.jsonl"))
+      assert sum(r["kind"] == "reset" for r in records) == len(ts)
+      turns = [r for r in records if r["kind"] == "turn"]
+      assert len(turns) == sum(len(t.accepted) for t in result["agent"][setting][split])
+  records = rollouts.read_log(os.path.join(cfg.output_dir, "episodes", "with_harness-seen.jsonl"))
+  first = [r for r in records if r.get("episode") == records[1]["episode"]]
+  replayed = rollouts.replay(first, text_agents.HarnessedGameMaker(max_steps=cfg.eval.max_steps))
+  assert replayed.ok, replayed
 
 
 def test_bad_inputs(tmp_path):
