@@ -1,11 +1,14 @@
 """Config of harnax.train.distill_loop / harnax.studies.had_study: a locally built teacher
 distilled into a student by HAD, a baseline or an ablation (docs/had.md).
 
-Variant: "<method>[,<game>][,micro][,budget2]" with method one of had, opd, sage_opd,
-guided_opd, sopd, no_validity_filter, no_negative_action, no_preference; game alfworld
-(default) or scienceworld; "micro" a tiny sizing for tests; "budget2" the teacher budget x2
-control (twice the rollouts, hence teacher-scored tokens, per update), e.g.
-`--config=configs/distill.py:opd,alfworld,budget2`.
+Variant: "<method>[,<game>][,micro|,micro_teacher][,budget2]" with method one of had, opd,
+sage_opd, guided_opd, sopd, no_validity_filter, no_negative_action, no_preference; game
+alfworld (default) or scienceworld; "micro" a tiny sizing for tests; "micro_teacher" the
+smallest pair whose teacher wins (ALFWorld): text_agents' micro_teacher, which wins the 8
+bathroom tasks it trained on, and a student of the same size and vocabulary after a fifth of
+its SFT steps, distilled on those tasks and evaluated on them (seen) and on unseen bathrooms;
+"budget2" the teacher budget x2 control (twice the rollouts, hence teacher-scored tokens, per
+update), e.g. `--config=configs/distill.py:opd,alfworld,budget2`.
 
 The teacher and the student are the text agents of configs/text_agents.py ("teacher" and
 "student" variants, built by harnax.studies.text_agents.build_agent into their agent_dir).
@@ -24,11 +27,16 @@ def get_config(variant: str = "had") -> ml_collections.ConfigDict:
                      f" {distill_loop.ALL_METHODS}, got {variant!r}")
   method, rest = parts[0], parts[1:]
   games = [p for p in rest if p in ("alfworld", "scienceworld")]
-  unknown = [p for p in rest if p not in ("alfworld", "scienceworld", "micro", "budget2")]
-  if unknown or len(games) > 1:
-    raise ValueError(f"variant: unknown or repeated parts {unknown or games} in {variant!r}")
+  unknown = [p for p in rest if p not in ("alfworld", "scienceworld", "micro", "micro_teacher",
+                                          "budget2")]
+  if unknown or len(games) > 1 or ("micro" in rest and "micro_teacher" in rest):
+    raise ValueError(f"variant: unknown, repeated or exclusive parts {unknown or games or rest} "
+                     f"in {variant!r}")
   game = games[0] if games else "alfworld"
   micro = "micro" in rest
+  small = "micro_teacher" in rest
+  if small and game != "alfworld":
+    raise ValueError(f"variant: micro_teacher is an ALFWorld pair, got game {game!r}")
 
   c = distill_loop.default_config()
   c.method = method
@@ -82,4 +90,23 @@ def get_config(variant: str = "had") -> ml_collections.ConfigDict:
     c.train.checkpoint_every = 1
     c.study.seeds = (0,)
     c.workdir = f"results/distill/{game}-{method}-micro"
+  if small:
+    c.teacher = text_agents.get_config("micro_teacher")
+    c.student = text_agents.get_config("micro_teacher")
+    # The same walkthroughs (so the same tokenizer) and size, a fifth of the SFT steps: a
+    # student that has learned part of what the teacher knows.
+    c.student.sft.num_steps = 80
+    c.student.agent_dir = "results/text_agents/alfworld-micro-teacher-student"
+    c.teacher_dir, c.student_dir = c.teacher.agent_dir, c.student.agent_dir
+    c.window = c.teacher.window
+    c.task_types, c.per_type, c.task_seed = (c.teacher.task_types, c.teacher.per_type,
+                                             c.teacher.task_seed)
+    c.max_turns = int(c.teacher.eval.max_steps)
+    c.train.learning_rate = 1e-3   # the micro model's SFT ran at 5e-3
+    c.train.num_steps = 20
+    c.train.checkpoint_every = 5
+    c.study.seeds = (0,)
+    c.study.output_dir = "results/had_study/alfworld-micro-teacher"
+    c.workdir = (f"results/distill/alfworld-{method}-micro-teacher"
+                 + ("-budget2" if c.teacher_budget == 2 else ""))
   return c

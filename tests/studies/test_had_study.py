@@ -27,7 +27,15 @@ def test_variants_set_method_game_budget_and_size():
   assert c.teacher.game == "scienceworld" and c.workdir.endswith("scienceworld-sopd-budget2")
   m = config_lib.get_config("had,micro")
   assert m.game == "alfworld" and m.train.num_steps == 2 and m.teacher_dir != m.student_dir
-  for bad in ("dpo", "had,webshop", "had,alfworld,scienceworld", ""):
+  w = config_lib.get_config("opd,micro_teacher,budget2")
+  # The winning micro pair: one tokenizer (same walkthroughs), the student trained less.
+  assert w.teacher.rooms == w.student.rooms == ("bathroom",) and w.teacher_budget == 2
+  assert w.student.sft.num_steps < w.teacher.sft.num_steps and w.teacher_dir != w.student_dir
+  assert {k: v for k, v in w.student.to_dict().items() if k not in ("sft", "agent_dir")} == {
+      k: v for k, v in w.teacher.to_dict().items() if k not in ("sft", "agent_dir")}
+  assert w.max_turns == w.teacher.eval.max_steps and w.workdir.endswith("-budget2")
+  for bad in ("dpo", "had,webshop", "had,alfworld,scienceworld", "", "had,micro,micro_teacher",
+              "had,scienceworld,micro_teacher"):
     with pytest.raises(ValueError, match="variant"):
       config_lib.get_config(bad)
 
