@@ -283,63 +283,24 @@ def test_random_agent_and_report(built):
 
 
 def test_bad_inputs(tmp_path):
-  cfg = _micro()
-  cfg.task_types = ("fly_to_the_moon",)
-  with pytest.raises(ValueError, match="task_types"):
-    text_agents.check_config(cfg)
-  cfg = _micro()
-  cfg.per_type = 0
-  with pytest.raises(ValueError, match="per_type"):
-    text_agents.check_config(cfg)
-  cfg = config_lib.get_config("micro,scienceworld")
-  cfg.augment.copies = 1
-  with pytest.raises(ValueError, match="augment.copies"):
-    text_agents.check_config(cfg)
-  cfg = _micro()
-  cfg.init_dir = str(tmp_path)  # no config.json there
-  with pytest.raises(ValueError, match="init_dir"):
-    text_agents.check_config(cfg)
-  for field, value in (("rounds", -1), ("num_steps", 0), ("batch_size", 0), ("per_type", 0)):
-    cfg = _micro()
-    cfg.dagger[field] = value
-    with pytest.raises(ValueError, match=f"dagger.{field}"):
-      text_agents.check_config(cfg)
-  cfg = _micro()
-  cfg.eval.temperature = -0.5
-  with pytest.raises(ValueError, match="eval.temperature"):
-    text_agents.check_config(cfg)
-  cfg = _micro()
-  cfg.sft.num_steps = 0  # nothing to train from without init_dir
-  with pytest.raises(ValueError, match="sft.num_steps"):
-    text_agents.check_config(cfg)
-  cfg = _micro()
-  cfg.augment.repeats = 0
-  with pytest.raises(ValueError, match="augment.repeats"):
-    text_agents.check_config(cfg)
-  for value in (-0.1, 1.5):
-    cfg = _micro()
-    cfg.augment.rejections = value
-    with pytest.raises(ValueError, match="augment.rejections"):
-      text_agents.check_config(cfg)
-  cfg = config_lib.get_config("micro,scienceworld")
-  cfg.augment.rejections = 0.1
-  with pytest.raises(ValueError, match="augment.rejections"):
-    text_agents.check_config(cfg)
-  cfg = _micro()
-  cfg.augment.repeat_verbs = ("take", "")
-  with pytest.raises(ValueError, match="augment.repeat_verbs"):
-    text_agents.check_config(cfg)
-  for rooms in (("attic",), ()):
-    cfg = _micro()
-    cfg.rooms = rooms
-    with pytest.raises(ValueError, match="rooms"):
+  sw = "micro,scienceworld"
+  bad = [("micro", "task_types", ("fly_to_the_moon",)), ("micro", "per_type", 0),
+         (sw, "augment.copies", 1), ("micro", "init_dir", str(tmp_path)),  # no config.json
+         ("micro", "eval.temperature", -0.5),
+         ("micro", "sft.num_steps", 0),  # nothing to train from without init_dir
+         ("micro", "augment.repeats", 0), ("micro", "augment.rejections", -0.1),
+         ("micro", "augment.rejections", 1.5), (sw, "augment.rejections", 0.1),
+         ("micro", "augment.repeat_verbs", ("take", "")), ("micro", "rooms", ("attic",)),
+         ("micro", "rooms", ()), (sw, "rooms", ("bathroom",))]
+  bad += [("micro", f"dagger.{field}", value) for field, value in (
+      ("rounds", -1), ("num_steps", 0), ("batch_size", 0), ("per_type", 0))]
+  for variant, field, value in bad:
+    cfg = _micro() if variant == "micro" else config_lib.get_config(variant)
+    cfg.update_from_flattened_dict({field: value})
+    with pytest.raises(ValueError, match=re.escape(field)):
       text_agents.check_config(cfg)
   with pytest.raises(TypeError, match="rooms"):  # the typed field takes a tuple, not a string
     _micro().rooms = "bathroom"
-  cfg = config_lib.get_config("micro,scienceworld")
-  cfg.rooms = ("bathroom",)
-  with pytest.raises(ValueError, match="rooms"):
-    text_agents.check_config(cfg)
   foreign = tmp_path / "foreign"
   foreign.mkdir()
   (foreign / "notes.txt").write_text("mine")
