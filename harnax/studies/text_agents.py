@@ -233,7 +233,7 @@ def walkthroughs(tasks, *, window: int, max_steps: int, rejections: float = 0.0,
     expert = _expert(game, info)
     for _ in range(max_steps):
       if rejections and rng.random() < rejections:
-        wrong = experts.alfworld_mistakes(info["goal"], game.record, info["admissible"])
+        wrong = experts.alfworld_mistakes(game.record, info["admissible"])
         if wrong:
           _, _, _, _, after = game.step(rng.choice(wrong))
           if after["harness"]["accepted"]:

@@ -280,8 +280,7 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
   return _explore(record, want, commands)
 
 
-def alfworld_mistakes(goal: AlfWorldGoal | str, record: Record,
-                      admissible: tuple[str, ...]) -> list[str]:
+def alfworld_mistakes(record: Record, admissible: tuple[str, ...]) -> list[str]:
   """Commands a learner writes wrongly in this state, none of them admissible.
 
   The kinds a trained agent was seen to repeat (docs/text_agents.md, "Status"): opening what
@@ -293,8 +292,6 @@ def alfworld_mistakes(goal: AlfWorldGoal | str, record: Record,
   Returns:
     Candidate commands, sorted; empty when none applies.
   """
-  if isinstance(goal, str):
-    goal = parse_alfworld_goal(goal)
   here = record.spot()
   wrong = {f"open {p}" for p in here}
   for obj in record.inventory:

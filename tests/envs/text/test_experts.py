@@ -154,7 +154,7 @@ def test_mistakes_are_inadmissible_and_of_the_kinds_seen():
   rec = _record()
   rec.inventory = ["apple 1"]
   admissible = ("open cabinet 1", "examine cabinet 2", "go to drawer 1")
-  wrong = experts.alfworld_mistakes("put a knife in drawer", rec, admissible)
+  wrong = experts.alfworld_mistakes(rec, admissible)
   assert wrong == sorted(wrong) and not set(wrong) & set(admissible)
   # Opening what is open (cabinet 2) or unopened here; a change step with no appliance; taking
   # the knife seen on the countertop from here; a cabinet number the room does not have.
@@ -164,7 +164,7 @@ def test_mistakes_are_inadmissible_and_of_the_kinds_seen():
     assert expected in wrong, (expected, wrong)
   assert "open cabinet 1" not in wrong            # closed: opening it is right
   assert not any(w.startswith("take knife 1") for w in wrong)  # it is here
-  assert experts.alfworld_mistakes("put a knife in drawer", Record("alfworld"), ()) == []
+  assert experts.alfworld_mistakes(Record("alfworld"), ()) == []
 
 
 def _quotes_hold(thought: str, rendered: str) -> bool:
