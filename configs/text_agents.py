@@ -117,6 +117,10 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   # 0: greedy. Above 0 the agent samples (seeded by `seed`): a greedy agent that errs in a
   # state errs the same way each time it comes back, a sampling one may not.
   config.eval.temperature = 0.0
+  # Above 0: the turn after one that went wrong (the monitor rejected the action, the harness
+  # reported a loop, the output had no action) is sampled at this temperature instead, so the
+  # agent does not write the rejected action again (rollouts.rollout's `retry`).
+  config.eval.retry_temperature = 0.0
   # Expert states per split (of the evaluation tasks' walkthroughs) on which the agent's
   # greedy action is compared with the expert's (text_agents.decision_accuracy; 0: skip).
   config.eval.decision_states = 160

@@ -141,10 +141,11 @@ def check_config(cfg) -> None:
     if rejections and cfg.game != "alfworld":
       raise ValueError(f"augment.rejections: mistaken commands are written for ALFWorld only; "
                        f"expected 0 for {cfg.game!r}, got {rejections}")
-  temperature = cfg.eval.get("temperature", 0.0)
-  if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-      0 <= temperature < float("inf")):
-    raise ValueError(f"eval.temperature: expected a finite number >= 0, got {temperature!r}")
+  for field in ("temperature", "retry_temperature"):
+    temperature = cfg.eval.get(field, 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+        0 <= temperature < float("inf")):
+      raise ValueError(f"eval.{field}: expected a finite number >= 0, got {temperature!r}")
   init_dir = cfg.get("init_dir", None)
   if init_dir and not os.path.isfile(os.path.join(init_dir, "config.json")):
     raise ValueError(f"init_dir: expected a Hugging Face model directory (with config.json), "
@@ -615,16 +616,25 @@ def traces_from_log(records) -> list[text_metrics.EpisodeTrace]:
 def evaluate(model, tokenizer, tasks, setting: str, *, window: int, max_steps: int,
              batch_size: int = 8, max_new_tokens: int = 64, workers: int = 0,
              log_path: str | None = None, temperature: float = 0.0,
+             retry_temperature: float = 0.0,
              seed: int = 0) -> tuple[list[text_metrics.EpisodeTrace], dict]:
   """Plays `tasks` under one setting of :data:`SETTINGS`; returns (traces, stats).
 
   Greedy at ``temperature=0`` (the default); otherwise sampled at that temperature, the draws
-  a function of `seed` (`rollouts.LMGenerator`)."""
+  a function of `seed` (`rollouts.LMGenerator`). With ``retry_temperature > 0`` the turn after
+  one that went wrong (a rejected action, a reported loop, no action) is sampled at that
+  temperature instead (`rollouts.rollout`'s ``retry``; seeded by ``seed + 1``)."""
   if setting not in SETTINGS:
     raise ValueError(f"setting: expected one of {tuple(SETTINGS)}, got {setting!r}")
+  if not 0 <= retry_temperature < float("inf"):
+    raise ValueError(f"retry_temperature: expected a finite number >= 0, got "
+                     f"{retry_temperature!r}")
   st, am = SETTINGS[setting]
   generator = rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens,
                                    temperature=temperature, seed=seed)
+  retry = (rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens,
+                                temperature=retry_temperature, seed=seed + 1)
+           if retry_temperature > 0 else None)
   own_log = log_path is None
   if own_log:
     handle, log_path = tempfile.mkstemp(suffix=".jsonl")
@@ -633,7 +643,7 @@ def evaluate(model, tokenizer, tasks, setting: str, *, window: int, max_steps: i
     result = rollouts.rollout(
         tasks, HarnessedGameMaker(st, am, max_steps), generator, render=WindowContext(window),
         batch_size=batch_size, max_turns=max_steps, workers=workers, log_path=log_path,
-        meta={"setting": setting})
+        meta={"setting": setting}, retry=retry)
     traces = traces_from_log(rollouts.read_log(log_path))
   finally:
     if own_log:
@@ -741,6 +751,7 @@ def run(cfg, *, log: Log | None = None) -> dict:
                             max_steps=int(cfg.eval.max_steps), batch_size=int(cfg.eval.batch_size),
                             max_new_tokens=int(cfg.eval.max_new_tokens),
                             temperature=float(cfg.eval.get("temperature", 0.0)),
+                            retry_temperature=float(cfg.eval.get("retry_temperature", 0.0)),
                             seed=int(cfg.seed), log_path=log_path)
       agent[setting][split], stats[f"{setting}/{split}"] = traces, st
       say(f"text agents: {setting} {split}: success "
@@ -769,7 +780,12 @@ def _cell(rate: text_metrics.Rate) -> str:
 
 def _decoding(cfg) -> str:
   t = float(cfg.eval.get("temperature", 0.0))
-  return "greedy decoding" if t == 0 else f"sampled at temperature {t:g} (seed {cfg.seed})"
+  r = float(cfg.eval.get("retry_temperature", 0.0))
+  text = "greedy decoding" if t == 0 else f"sampled at temperature {t:g} (seed {cfg.seed})"
+  if r > 0:
+    text += (f"; the turn after a rejected action, a reported loop or no action sampled at "
+             f"temperature {r:g}")
+  return text
 
 
 def render(cfg, result: dict) -> str:

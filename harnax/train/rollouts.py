@@ -14,6 +14,11 @@ live games (``batch_size``). Each turn:
 4. a game that is won, lost, truncated or out of turns is closed and its slot refilled from
    the queue, so the batch stays full until the queue runs dry.
 
+With a ``retry`` generator, a game whose last turn went wrong (the monitor rejected the
+action, the harness reported a loop, or the output had no action) is answered by ``retry``
+instead of ``generator`` on its next turn: a greedy agent that erred in a state answers the
+same way when it sees nearly the same context again, a sampling ``retry`` may not.
+
 Games live in worker processes (``workers > 0``; multiprocessing ``spawn`` or ``forkserver``,
 one game engine, e.g. one JVM, per game in its worker) built from the picklable ``make_game``
 callable; the workers of one turn step their games in parallel and the turn waits for all
@@ -560,7 +565,8 @@ def rollout(tasks: Iterable[GameTask], make_game: Callable[[GameTask], Any], gen
             render: Callable[[Any, History], str] = PlainContext(), batch_size: int = 8,
             max_turns: int = 30, workers: int = 0, start_method: str = "spawn",
             seed: int | None = 0, pick: str = "first", log_path: str | None = None,
-            log_admissible: bool = False, meta: Mapping | None = None) -> RolloutResult:
+            log_admissible: bool = False, meta: Mapping | None = None,
+            retry=None) -> RolloutResult:
   """Plays every task once with the agent ``generator``; see the module docstring.
 
   Args:
@@ -580,6 +586,10 @@ def rollout(tasks: Iterable[GameTask], make_game: Callable[[GameTask], Any], gen
     log_path: the JSONL file to write (replaced), or None.
     log_admissible: also log the admissible commands of each turn (long in ALFWorld).
     meta: extra JSON data for the log header (the harness configuration, say).
+    retry: a second generator (same interface) for the turn after one that went wrong: a
+      rejected action (harness verdict ``accepted`` False), a reported loop (``stalled``) or
+      no parsable action. None: ``generator`` answers every turn. Turn records say which
+      answered (``retry``).
   Returns:
     a :class:`RolloutResult`.
   Raises:
@@ -631,10 +641,18 @@ def rollout(tasks: Iterable[GameTask], make_game: Callable[[GameTask], Any], gen
       fields["admissible"] = _jsonable(info.get("admissible"))
     return fields
 
-  describe = getattr(generator, "describe", None)
+  if retry is not None and not callable(retry):
+    raise ValueError(f"retry: expected a generator (contexts -> outputs) or None, got "
+                     f"{type(retry).__name__}")
+
+  def described(g):
+    describe = getattr(g, "describe", None)
+    return describe() if describe else type(g).__name__
+
   write(dict(kind="run", format=LOG_FORMAT, tasks=len(tasks), batch_size=batch_size,
              max_turns=max_turns, workers=workers, seed=seed, pick=pick,
-             generator=describe() if describe else type(generator).__name__,
+             generator=described(generator),
+             retry=None if retry is None else described(retry),
              meta=_jsonable(dict(meta or {}))))
   queue = collections.deque(enumerate(tasks))
   live: dict[int, dict] = {}
@@ -660,24 +678,33 @@ def rollout(tasks: Iterable[GameTask], make_game: Callable[[GameTask], Any], gen
                  **info_fields(info)))
       live[s] = dict(episode=episode, task=task, seed=reset_seed, context=res["context"],
                      turn=0, ret=0.0, parse_failures=0, rejected=0, stalled=0, tokens=0,
-                     cuts=0, score=float(info.get("score", 0.0)), won=bool(info.get("won")))
+                     cuts=0, score=float(info.get("score", 0.0)), won=bool(info.get("won")),
+                     went_wrong=False)
 
   try:
     start(list(range(batch_size)), [])
     while live:
       slots = sorted(live)
       batch_sizes.append(len(slots))
+      retried = [retry is not None and live[s]["went_wrong"] for s in slots]
+      outputs = [None] * len(slots)
       t0 = time.perf_counter()
-      outputs = generator([live[s]["context"] for s in slots])
+      for name, gen, flag in (("generator", generator, False), ("retry", retry, True)):
+        rows = [i for i, r in enumerate(retried) if r == flag]
+        if not rows:
+          continue
+        answered = gen([live[slots[i]]["context"] for i in rows])
+        if len(answered) != len(rows):
+          raise RuntimeError(f"{name}: returned {len(answered)} outputs for {len(rows)} "
+                             "contexts")
+        for i, o in zip(rows, answered):
+          outputs[i] = o
       gen_s += time.perf_counter() - t0
-      if len(outputs) != len(slots):
-        raise RuntimeError(f"generator: returned {len(outputs)} outputs for {len(slots)} "
-                           "contexts")
       parsed = [text_agent.parse_output(o.text, pick=pick) for o in outputs]
       results = run([("step", s, o.text, p.action, p.error, live[s]["turn"] + 1 >= max_turns)
                      for s, o, p in zip(slots, outputs, parsed)])
       finished = []
-      for s, out, p, res in zip(slots, outputs, parsed, results):
+      for s, out, p, res, again in zip(slots, outputs, parsed, results, retried):
         g = live[s]
         info = res["info"]
         verdict = info.get("harness") if p.action is not None else None
@@ -689,12 +716,14 @@ def rollout(tasks: Iterable[GameTask], make_game: Callable[[GameTask], Any], gen
         g["parse_failures"] += p.action is None
         g["rejected"] += _flag(verdict, "accepted") is False
         g["stalled"] += bool(_flag(verdict, "stalled"))
+        g["went_wrong"] = (p.action is None or _flag(verdict, "accepted") is False
+                           or bool(_flag(verdict, "stalled")))
         g["score"], g["won"] = float(info.get("score", g["score"])), bool(info.get("won"))
         done = res["terminated"] or res["truncated"] or g["turn"] >= max_turns
         write(dict(kind="turn", episode=g["episode"], task=g["task"].ident, turn=g["turn"] - 1,
                    batch=len(batch_sizes) - 1, context=g["context"],
                    prompt_tokens=out.prompt_tokens, prompt_cut=out.prompt_cut,
-                   output=out.text, output_tokens=out.num_tokens,
+                   output=out.text, output_tokens=out.num_tokens, retry=again,
                    reasoning=p.reasoning, action=p.action, parse_error=p.error,
                    harness=_jsonable(verdict), observation=res["observation"],
                    reward=res["reward"], **info_fields(info), terminated=res["terminated"],

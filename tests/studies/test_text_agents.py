@@ -246,6 +246,32 @@ def test_sampled_evaluation_is_a_function_of_its_seed(built, tmp_path):
   assert sampled != greedy
 
 
+def test_retry_temperature_samples_only_after_a_turn_that_went_wrong(built, tmp_path):
+  cfg, directory, _ = built
+  model, tok = text_agents.load_agent(directory)
+  tasks = alfworld.tasks("seen", per_type=2, task_types=tuple(cfg.task_types), seed=1)
+
+  def turns(retry_temperature):
+    log = str(tmp_path / f"{retry_temperature}.jsonl")
+    text_agents.evaluate(model, tok, tasks, "with_harness", window=cfg.window, max_steps=6,
+                         log_path=log, retry_temperature=retry_temperature)
+    return [r for r in rollouts.read_log(log) if r.get("kind") == "turn"]
+
+  greedy, retried = turns(0.0), turns(1.0)
+  assert not any(r["retry"] for r in greedy)
+  went_wrong = lambda r: (r["action"] is None or not r["harness"]["accepted"]  # noqa: E731
+                          or r["harness"]["stalled"])
+  for episode in {r["episode"] for r in retried}:
+    mine = [r for r in retried if r["episode"] == episode]
+    assert [r["retry"] for r in mine] == [False] + [went_wrong(r) for r in mine[:-1]]
+    # Until the first retry the agent is the greedy one, turn for turn.
+    theirs = [r for r in greedy if r["episode"] == episode]
+    k = next((i for i, r in enumerate(mine) if r["retry"]), len(mine))
+    assert [r["output"] for r in mine[:k]] == [r["output"] for r in theirs[:k]]
+  # The 30-step micro model errs within 6 turns; the check above is not vacuous.
+  assert any(r["retry"] for r in retried)
+
+
 def test_random_agent_and_report(built):
   cfg, directory, _ = built
   tasks = alfworld.tasks("seen", per_type=1, task_types=tuple(cfg.task_types))
@@ -286,7 +312,7 @@ def test_bad_inputs(tmp_path):
   sw = "micro,scienceworld"
   bad = [("micro", "task_types", ("fly_to_the_moon",)), ("micro", "per_type", 0),
          (sw, "augment.copies", 1), ("micro", "init_dir", str(tmp_path)),  # no config.json
-         ("micro", "eval.temperature", -0.5),
+         ("micro", "eval.temperature", -0.5), ("micro", "eval.retry_temperature", -1.0),
          ("micro", "sft.num_steps", 0),  # nothing to train from without init_dir
          ("micro", "augment.repeats", 0), ("micro", "augment.rejections", -0.1),
          ("micro", "augment.rejections", 1.5), (sw, "augment.rejections", 0.1),

@@ -208,6 +208,33 @@ def test_stalls_and_truncation(tmp_path):
   assert (ep.turns, ep.end, ep.stalled) == (4, "truncated", 3)
 
 
+def test_retry_answers_the_turn_after_one_that_went_wrong(tmp_path):
+  # The first output of each game depends on its reset seed, shown in every context:
+  #   seed 0: a rejected command ("jump"), seed 1: always right, seed 2: no action,
+  #   seed 3: "look", which stalls the game on its second turn (the same room three times).
+  first = {0: "Action: jump", 1: "Action: go north", 2: "", 3: "Action: look"}
+  gen = Scripted(lambda c: first[int(c.split("(seed ")[1][0])])
+  retry = Scripted(lambda c: "Think: something else.\nAction: go north")
+  log = tmp_path / "log.jsonl"
+  res = rollouts.rollout(corridor_tasks([3, 2, 1, 1]), Corridor, gen, batch_size=4,
+                         max_turns=10, log_path=str(log), retry=retry)
+  assert [e.won for e in res.episodes] == [True] * 4
+  turns = [r for r in rollouts.read_log(str(log)) if r["kind"] == "turn"]
+  flags = {e: [r["retry"] for r in turns if r["episode"] == e] for e in range(4)}
+  assert flags == {0: [False, True, False, True, False, True], 1: [False, False],
+                   2: [False, True], 3: [False, False, True]}
+  # Each generator saw exactly the contexts of its turns, in one call per batched turn.
+  answered_by = lambda f: sorted(r["context"] for r in turns if r["retry"] == f)  # noqa: E731
+  assert sorted(c for call in gen.calls for c in call) == answered_by(False)
+  assert sorted(c for call in retry.calls for c in call) == answered_by(True)
+  # Batched turns: 1 all four by `gen`; 2 games 0 and 2 by `retry`, 1 and 3 by `gen`; 3 game 0
+  # by `gen`, game 3 (stalled) by `retry`; then game 0 alone, alternating.
+  assert [len(call) for call in gen.calls] == [4, 2, 1, 1]
+  assert [len(call) for call in retry.calls] == [2, 1, 1, 1]
+  header = rollouts.read_log(str(log))[0]
+  assert header["retry"] == "Scripted"
+
+
 # -- the language model in the loop ---------------------------------------------------------
 
 
@@ -320,6 +347,7 @@ def test_long_prompts_are_cut_on_the_left(agent):
     (dict(batch_size=0), "batch_size"), (dict(max_turns=0), "max_turns"),
     (dict(workers=-1), "workers"), (dict(start_method="fork"), "start_method"),
     (dict(pick="any"), "pick"), (dict(workers=1, make_game=lambda t: Corridor(t)), "make_game"),
+    (dict(retry="sample"), "retry"),
 ])
 def test_bad_rollout_options(kw, match):
   kw = dict(dict(make_game=Corridor), **kw)
