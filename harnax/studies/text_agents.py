@@ -621,9 +621,11 @@ def evaluate(model, tokenizer, tasks, setting: str, *, window: int, max_steps: i
   """Plays `tasks` under one setting of :data:`SETTINGS`; returns (traces, stats).
 
   Greedy at ``temperature=0`` (the default); otherwise sampled at that temperature, the draws
-  a function of `seed` (`rollouts.LMGenerator`). With ``retry_temperature > 0`` the turn after
-  one that went wrong (a rejected action, a reported loop, no action) is sampled at that
-  temperature instead (`rollouts.rollout`'s ``retry``; seeded by ``seed + 1``)."""
+  a function of `seed` (`rollouts.LMGenerator`). With ``retry_temperature > 0`` and action
+  monitoring on in ``setting``, the turn after one that went wrong (a rejected action, a
+  reported loop, no action) is sampled at that temperature instead (`rollouts.rollout`'s
+  ``retry``; seeded by ``seed + 1``). Rejections and loop reports are the monitor's, so with
+  the monitor hidden or removed every turn is decoded the same way."""
   if setting not in SETTINGS:
     raise ValueError(f"setting: expected one of {tuple(SETTINGS)}, got {setting!r}")
   if not 0 <= retry_temperature < float("inf"):
@@ -634,7 +636,7 @@ def evaluate(model, tokenizer, tasks, setting: str, *, window: int, max_steps: i
                                    temperature=temperature, seed=seed)
   retry = (rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens,
                                 temperature=retry_temperature, seed=seed + 1)
-           if retry_temperature > 0 else None)
+           if retry_temperature > 0 and am else None)
   own_log = log_path is None
   if own_log:
     handle, log_path = tempfile.mkstemp(suffix=".jsonl")

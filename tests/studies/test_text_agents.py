@@ -251,9 +251,9 @@ def test_retry_temperature_samples_only_after_a_turn_that_went_wrong(built, tmp_
   model, tok = text_agents.load_agent(directory)
   tasks = alfworld.tasks("seen", per_type=2, task_types=tuple(cfg.task_types), seed=1)
 
-  def turns(retry_temperature):
-    log = str(tmp_path / f"{retry_temperature}.jsonl")
-    text_agents.evaluate(model, tok, tasks, "with_harness", window=cfg.window, max_steps=6,
+  def turns(retry_temperature, setting="with_harness"):
+    log = str(tmp_path / f"{retry_temperature}-{setting}.jsonl")
+    text_agents.evaluate(model, tok, tasks, setting, window=cfg.window, max_steps=6,
                          log_path=log, retry_temperature=retry_temperature)
     return [r for r in rollouts.read_log(log) if r.get("kind") == "turn"]
 
@@ -270,6 +270,9 @@ def test_retry_temperature_samples_only_after_a_turn_that_went_wrong(built, tmp_
     assert [r["output"] for r in mine[:k]] == [r["output"] for r in theirs[:k]]
   # The 30-step micro model errs within 6 turns; the check above is not vacuous.
   assert any(r["retry"] for r in retried)
+  # Rejections are the monitor's: with it hidden the agent never retries, errors or not.
+  hidden = turns(1.0, "action_monitoring_hidden")
+  assert not any(r["retry"] for r in hidden) and any(went_wrong(r) for r in hidden)
 
 
 def test_random_agent_and_report(built):
