@@ -776,8 +776,14 @@ def run(cfg, *, log: Log | None = None) -> dict:
           "decisions": decisions}
 
 
-def _cell(rate: text_metrics.Rate) -> str:
-  return "n/a" if not rate.trials else f"{100 * rate.value:.1f} ({rate.successes}/{rate.trials})"
+def _cell(rate: text_metrics.Rate, *, interval: bool = False) -> str:
+  if not rate.trials:
+    return "n/a"
+  bounds = ""
+  if interval:
+    lo, hi = rate.interval()
+    bounds = f" [{100 * lo:.0f}, {100 * hi:.0f}]"
+  return f"{100 * rate.value:.1f}{bounds} ({rate.successes}/{rate.trials})"
 
 
 def _decoding(cfg) -> str:
@@ -799,12 +805,13 @@ def render(cfg, result: dict) -> str:
            f"Agent: `{os.path.basename(result['agent_dir'])}`; {len(next(iter(rnd.values())))} "
            f"tasks per split ({', '.join(cfg.task_types)}), at most {cfg.eval.max_steps} turns, "
            f"{_decoding(cfg)}, context window {cfg.window} turns.", "",
-           "## Success (%) by harness setting", ""]
+           "## Success (%) by harness setting", "",
+           "Cells: success % [95 % Wilson interval] (won/tasks).", ""]
   header = ["agent"] + [f"{s} / {split}" for s in agent for split in ("seen", "unseen")]
-  rows = [["LM agent"] + [_cell(text_metrics.success(agent[s][split]))
+  rows = [["LM agent"] + [_cell(text_metrics.success(agent[s][split]), interval=True)
                           for s in agent for split in ("seen", "unseen")]]
   rows.append(["random admissible"] + [
-      _cell(text_metrics.success(rnd[split])) if s == "with_harness" else "-"
+      _cell(text_metrics.success(rnd[split]), interval=True) if s == "with_harness" else "-"
       for s in agent for split in ("seen", "unseen")])
   lines += [markdown_table(header, rows), "", "## How the agent acts through the harness", ""]
   header = ["agent", "setting", "harness utilization", "stall prevention",

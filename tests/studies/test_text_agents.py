@@ -285,6 +285,10 @@ def test_random_agent_and_report(built):
   result = text_agents.run(cfg)
   text = text_agents.render(cfg, result)
   assert "## Success (%) by harness setting" in text and "random admissible" in text
+  # Success cells carry the Wilson interval (checked against scipy in test_text_metrics).
+  rate = text_metrics.success(result["agent"]["with_harness"]["seen"])
+  lo, hi = rate.interval()
+  assert f"[{100 * lo:.0f}, {100 * hi:.0f}] ({rate.successes}/{rate.trials})" in text
   m = text_agents.metrics(result)
   assert m["agent/with_harness/seen"]["success"]["trials"] == len(tasks)
   assert isinstance(text_metrics.success(result["random"]["seen"]).value, float)
