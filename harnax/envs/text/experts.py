@@ -20,9 +20,7 @@ ALFWorld (:func:`alfworld_step`), from the goal sentence (the six task types' te
 Every choice is the first fitting entry of a rendered record line, and the thought quotes that
 line up to the entry before the action names it (:func:`cite`): "task objects: none seen.
 unexplored: cabinet 11. I go to cabinet 11." While carrying a target, the thought quotes its
-inventory entry (states marked on it) and then the task line, so that "is a change still to
-make" is read from two quotes just written: "inventory: plate 1. task: put a hot plate in
-countertop. It is not hot yet. I go to microwave 1."
+inventory entry: "inventory: plate 1. It is not hot yet. I go to microwave 1."
 
 ScienceWorld's expert is its gold path (``expert_plan()``), replayed with a generic thought.
 """
@@ -209,11 +207,9 @@ def alfworld_step(goal: AlfWorldGoal | str, record: Record,
 
   if carried:
     obj = carried[0]
-    # The carried object's entry (its states marked on it, "plate 1 (hot)") and then the task
-    # line: whether a change is still to make is read from the two quotes just written.
+    # Only the carried object's entry: the eighth and ninth builds, whose thoughts also quoted
+    # the task line here, copied names worse (docs/text_agents.md, "Status").
     inventory = cite(record, "inventory", obj)
-    if record.goal.strip():
-      inventory += f". {cite(record, 'task')}"
     if goal.change is not None:
       prop, appliances = CHANGES[goal.change]
       if prop not in record.properties.get(obj, set()):

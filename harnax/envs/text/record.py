@@ -260,11 +260,7 @@ class Record:
     if self.nearby:
       lines.append("also here: " + ", ".join(p + self._status(p) for p in sorted(self.nearby)))
     if self.inventory:
-      # A carried object's states ride on its entry, "plate 1 (hot)": whether a change is still
-      # to make is read where the object is named (the `states` line keeps the rest).
-      inv = ", ".join(o + (f" ({', '.join(sorted(self.properties[o]))})"
-                           if self.properties.get(o) else "") for o in self.inventory)
-      inv += "" if self.inventory_complete else " (maybe more)"
+      inv = ", ".join(self.inventory) + ("" if self.inventory_complete else " (maybe more)")
     else:
       inv = "nothing" if self.inventory_complete else "unknown"
     lines.append(f"inventory: {inv}")
