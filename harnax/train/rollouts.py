@@ -608,6 +608,9 @@ def rollout(tasks: Iterable[GameTask], make_game: Callable[[GameTask], Any], gen
     raise ValueError(f"start_method: expected one of {START_METHODS}, got {start_method!r}")
   if pick not in text_agent.PICKS:
     raise ValueError(f"pick: expected one of {text_agent.PICKS}, got {pick!r}")
+  if retry is not None and not callable(retry):
+    raise ValueError(f"retry: expected a generator (contexts -> outputs) or None, got "
+                     f"{type(retry).__name__}")
   if workers:
     for name, fn in (("make_game", make_game), ("render", render)):
       try:
@@ -640,10 +643,6 @@ def rollout(tasks: Iterable[GameTask], make_game: Callable[[GameTask], Any], gen
     if log_admissible:
       fields["admissible"] = _jsonable(info.get("admissible"))
     return fields
-
-  if retry is not None and not callable(retry):
-    raise ValueError(f"retry: expected a generator (contexts -> outputs) or None, got "
-                     f"{type(retry).__name__}")
 
   def described(g):
     describe = getattr(g, "describe", None)
