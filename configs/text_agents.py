@@ -106,6 +106,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   # Training tasks the model plays per round: the first `per_type` of each type (None: all).
   config.dagger.per_type = ml_collections.config_dict.placeholder(int)
   config.dagger.batch_size = 8      # games played at once (one batched generation per turn)
+  # Copies of each DAgger example in the data (the model's own states are a few % of it).
+  config.dagger.repeats = 1
+  # Peak learning rate of a round's SFT (None: sft.learning_rate). A round restarts the
+  # schedule on a converged model; a lower peak keeps what the walkthroughs taught.
+  config.dagger.learning_rate = ml_collections.config_dict.placeholder(float)
 
   # Evaluation (harnax.studies.text_agents.evaluate).
   config.eval = ml_collections.ConfigDict()

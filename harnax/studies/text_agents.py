@@ -154,10 +154,15 @@ def check_config(cfg) -> None:
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < (0 if init_dir else 1):
     raise ValueError(f"sft.num_steps: expected an int >= 1 (>= 0 with init_dir), got {steps!r}")
   d = cfg.dagger
-  for field, low in (("rounds", 0), ("num_steps", 1), ("batch_size", 1)):
+  for field, low in (("rounds", 0), ("num_steps", 1), ("batch_size", 1), ("repeats", 1)):
     value = d.get(field, 1)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
       raise ValueError(f"dagger.{field}: expected an int >= {low}, got {value!r}")
+  dagger_lr = d.get("learning_rate", None)
+  if dagger_lr is not None and (isinstance(dagger_lr, bool) or not isinstance(
+      dagger_lr, (int, float)) or not 0 < dagger_lr < float("inf")):
+    raise ValueError(f"dagger.learning_rate: expected None (sft.learning_rate) or a finite "
+                     f"number > 0, got {dagger_lr!r}")
   dagger_per_type = d.get("per_type", None)
   if dagger_per_type is not None and (isinstance(dagger_per_type, bool) or not isinstance(
       dagger_per_type, int) or dagger_per_type < 1):
@@ -510,24 +515,28 @@ def _build(cfg, path: str, say: Log) -> dict:
     trained, losses = result.model, list(result.losses)
   d = cfg.dagger
   played = _first_per_type(tasks, d.get("per_type", None))
+  dagger_lr = float(d.get("learning_rate", None) or s.learning_rate)
   for r in range(int(d.rounds)):
     more, summary = dagger_examples(trained, tok, played, window=int(cfg.window),
                                     max_steps=int(cfg.max_steps), expert_prob=float(d.expert_prob),
                                     seed=int(cfg.seed) + r,
                                     batch_size=int(d.get("batch_size", 8)))
-    examples += more
+    # The model's own states are few beside the walkthroughs (a few % of the data);
+    # `dagger.repeats` gives them a larger share of the gradient.
+    examples += more * int(d.get("repeats", 1))
     say(f"text agent: DAgger round {r + 1}: the model won {summary['won']}/{summary['episodes']}"
         f" ({summary['parse_failures']} outputs without an action); {len(examples)} examples")
     data = _encode(tok, examples, model_cfg)
     step = train_lib.train_sft(
         trained, data, num_steps=int(d.num_steps), batch_size=int(s.batch_size),
-        learning_rate=float(s.learning_rate), warmup_steps=int(s.warmup_steps),
+        learning_rate=dagger_lr, warmup_steps=int(s.warmup_steps),
         weight_decay=float(s.weight_decay), clip_norm=s.clip_norm, seed=int(cfg.seed) + r + 1,
         log=say, log_every=max(1, int(d.num_steps) // 2), length_bucket=int(s.length_bucket),
         prompt_weight=float(s.get("prompt_weight", 0.0)))
     trained = step.model
     losses += list(step.losses)
-    rounds.append(summary)
+    rounds.append({**summary, "examples": len(more) * int(d.get("repeats", 1)),
+                   "learning_rate": dagger_lr})
   models.save_pretrained(trained, path)
   losses = np.asarray(losses)
   tail = losses[-max(1, len(losses) // 10):]

@@ -32,6 +32,8 @@ def _micro():
   cfg.dagger.rounds = 1
   cfg.dagger.num_steps = 10
   cfg.dagger.per_type = 1  # of the 2 training tasks, the model plays the first in DAgger
+  cfg.dagger.repeats = 2
+  cfg.dagger.learning_rate = 1e-3
   cfg.max_steps = 20
   cfg.eval.per_type = 1
   cfg.eval.max_steps = 6
@@ -64,8 +66,9 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   # turns.
   (dagger,) = manifest["dagger"]
   assert dagger["episodes"] == 1 and dagger["turns"] >= 1
+  assert dagger["examples"] == 2 * dagger["turns"] and dagger["learning_rate"] == 1e-3
   # The walkthrough turns, a repeat of each finishing turn ("take", "move", ...), all of them
-  # relabeled once more, then the DAgger turns (neither repeated nor relabeled).
+  # relabeled once more, then the DAgger turns (not relabeled, each `dagger.repeats` times).
   examples, _ = text_agents.walkthroughs(text_agents.train_tasks(cfg), window=cfg.window,
                                          max_steps=cfg.max_steps,
                                          rejections=cfg.augment.rejections, seed=cfg.seed)
@@ -74,7 +77,8 @@ def test_build_writes_a_model_directory_and_reuses_it(built):
   # Rejected mistakes are turns of the game, not examples.
   assert walk["rejected"] >= 1 and len(examples) == walk["turns"] - walk["rejected"]
   assert manifest["training"]["num_examples"] == (
-      (len(examples) + finishing) * (1 + cfg.augment.copies) + dagger["turns"])
+      (len(examples) + finishing) * (1 + cfg.augment.copies)
+      + cfg.dagger.repeats * dagger["turns"])
   assert manifest["training"]["num_steps"] == 30 + 10
   assert manifest["training"]["final_loss"] < manifest["training"]["initial_loss"]
   assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(directory))
@@ -326,7 +330,8 @@ def test_bad_inputs(tmp_path):
          ("micro", "augment.repeat_verbs", ("take", "")), ("micro", "rooms", ("attic",)),
          ("micro", "rooms", ()), (sw, "rooms", ("bathroom",))]
   bad += [("micro", f"dagger.{field}", value) for field, value in (
-      ("rounds", -1), ("num_steps", 0), ("batch_size", 0), ("per_type", 0))]
+      ("rounds", -1), ("num_steps", 0), ("batch_size", 0), ("per_type", 0), ("repeats", 0),
+      ("learning_rate", 0.0), ("learning_rate", float("nan")))]
   for variant, field, value in bad:
     cfg = _micro() if variant == "micro" else config_lib.get_config(variant)
     cfg.update_from_flattened_dict({field: value})
