@@ -43,6 +43,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   # an earlier build to continue (`--config.sft.num_steps=0 --config.dagger.rounds=1` adds a
   # DAgger round to it). `tokenizer` and `model` are then the checkpoint's, not these fields.
   config.init_dir = ml_collections.config_dict.placeholder(str)
+  # A directory of training data written by `text_agents.prepare_data` (`scripts/text_agents.py
+  # --prepare_data=DIR`): the build trains on its examples and tokenizer instead of playing the
+  # walkthroughs, so data made where the games run can be trained on where they do not (an
+  # accelerator host). Its data fields (text_agents.DATA_FIELDS) must equal this config's.
+  config.data_dir = ml_collections.config_dict.placeholder(str)
 
   config.tokenizer = ml_collections.ConfigDict()
   config.tokenizer.vocab_size = 4096  # an upper bound: ALFWorld's words and names need ~2,500

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gzip
 import json
 import os
 import random
@@ -150,6 +151,10 @@ def check_config(cfg) -> None:
   if init_dir and not os.path.isfile(os.path.join(init_dir, "config.json")):
     raise ValueError(f"init_dir: expected a Hugging Face model directory (with config.json), "
                      f"got {init_dir!r}")
+  data_dir = cfg.get("data_dir", None)
+  if data_dir and not os.path.isfile(os.path.join(data_dir, DATA_MANIFEST)):
+    raise ValueError(f"data_dir: expected a directory written by prepare_data (with "
+                     f"{DATA_MANIFEST}), got {data_dir!r}")
   steps = cfg.sft.num_steps
   if isinstance(steps, bool) or not isinstance(steps, int) or steps < (0 if init_dir else 1):
     raise ValueError(f"sft.num_steps: expected an int >= 1 (>= 0 with init_dir), got {steps!r}")
@@ -461,7 +466,9 @@ def train_tasks(cfg) -> list[GameTask]:
                     seed=int(cfg.task_seed), rooms=cfg.get("rooms", None))
 
 
-def _build(cfg, path: str, say: Log) -> dict:
+def _expert_examples(cfg, say: Log) -> tuple[list[dict], dict, list[GameTask]]:
+  """The training examples of `cfg` (steps 1 of the module docstring, with the repeats and the
+  relabeled copies of `cfg.augment`), their walkthrough summary and the tasks played."""
   t0 = time.time()
   tasks = train_tasks(cfg)
   aug = cfg.get("augment", None)
@@ -480,6 +487,114 @@ def _build(cfg, path: str, say: Log) -> dict:
     examples = augment(examples, copies=int(aug.copies), max_number=int(aug.max_number),
                        seed=int(cfg.seed))
     say(f"text agent: {len(examples)} examples with {int(aug.copies)} relabeled copies")
+  return examples, walk, tasks
+
+
+def _train_tokenizer(cfg, examples: Sequence[dict], path: str):
+  texts = [e["context"] for e in examples] + [e["output"] for e in examples]
+  texts.append(text_agent.SYSTEM_PROMPT)
+  return tokenizer_lib.train_tokenizer(
+      texts, path, vocab_size=int(cfg.tokenizer.vocab_size),
+      min_frequency=int(cfg.tokenizer.min_frequency),
+      pre_tokenize=str(cfg.tokenizer.get("pre_tokenize", "runs")))
+
+
+DATA_FORMAT = "harnax-text-agent-data/1"
+DATA_EXAMPLES = "examples.jsonl.gz"
+DATA_MANIFEST = "data.json"
+# The config fields that determine the prepared data (`prepare_data`); a build that reads a
+# data directory must agree with it on each.
+DATA_FIELDS = ("game", "task_types", "per_type", "task_seed", "rooms", "max_steps", "window",
+               "seed", "tokenizer", "augment")
+
+
+def _data_key(config: dict) -> dict:
+  return {k: config.get(k) for k in DATA_FIELDS}
+
+
+def prepare_data(cfg, directory: str, *, log: Log | None = None) -> str:
+  """Plays the walkthroughs of `cfg` and writes its training data to `directory`.
+
+  The directory holds the expert's examples (augmented as `cfg.augment` says; gzipped JSON
+  lines), the tokenizer trained on them (Hugging Face files) and ``data.json`` (the data's
+  config fields, `DATA_FIELDS`, the walkthrough summary and the training tasks). A build with
+  ``cfg.data_dir = directory`` then trains on it without the games: prepare on a machine that
+  has the game engines, train on an accelerator that does not. It appears atomically; an
+  existing directory is replaced only if it holds prepared data.
+  """
+  check_config(cfg)
+  if cfg.get("init_dir", None):
+    raise ValueError("init_dir: prepared data carry their own tokenizer; expected None when "
+                     "preparing data")
+  say = log or (lambda line: None)
+  directory = os.path.abspath(directory)
+  if os.path.exists(directory) and os.listdir(directory) and not os.path.exists(
+      os.path.join(directory, DATA_MANIFEST)):
+    raise ValueError(f"directory: {directory} exists and is not a prepared-data directory (no "
+                     f"{DATA_MANIFEST}); refusing to replace it")
+  parent = os.path.dirname(directory)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.data-", dir=parent)
+  try:
+    examples, walk, tasks = _expert_examples(cfg, say)
+    _train_tokenizer(cfg, examples, tmp)
+    with gzip.open(os.path.join(tmp, DATA_EXAMPLES), "wt", encoding="utf-8") as f:
+      for e in examples:
+        f.write(json.dumps(e) + "\n")
+    with open(os.path.join(tmp, DATA_MANIFEST), "w") as f:
+      json.dump({"format": DATA_FORMAT, "config": _data_key(config_dict(cfg)),
+                 "walkthroughs": walk, "train_tasks": [t.ident for t in tasks],
+                 "num_examples": len(examples)}, f, indent=2, sort_keys=True)
+    if os.path.exists(directory):
+      shutil.rmtree(directory)
+    os.rename(tmp, directory)
+  finally:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp, ignore_errors=True)
+  say(f"text agent: prepared {len(examples)} examples in {directory}")
+  return directory
+
+
+def load_data(cfg, directory: str) -> tuple[list[dict], dict, tokenizer_lib.Tokenizer]:
+  """(examples, data manifest, tokenizer) of a `prepare_data` directory made from a config
+  that agrees with `cfg` on every field of `DATA_FIELDS` (else ValueError naming the field)."""
+  path = os.path.join(directory, DATA_MANIFEST)
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"data_dir: expected a directory written by prepare_data, with "
+                     f"{DATA_MANIFEST}; could not read {path} ({e})") from e
+  if manifest.get("format") != DATA_FORMAT:
+    raise ValueError(f"data_dir: {path} has format {manifest.get('format')!r}, expected "
+                     f"{DATA_FORMAT!r}")
+  want, have = _data_key(config_dict(cfg)), manifest.get("config") or {}
+  for field in DATA_FIELDS:
+    if want[field] != have.get(field):
+      raise ValueError(f"{field}: the config says {want[field]!r} but the data in {directory} "
+                       f"were prepared with {have.get(field)!r}; prepare them again or use "
+                       f"the same value")
+  with gzip.open(os.path.join(directory, DATA_EXAMPLES), "rt", encoding="utf-8") as f:
+    examples = [json.loads(line) for line in f]
+  if len(examples) != manifest.get("num_examples"):
+    raise ValueError(f"data_dir: {DATA_EXAMPLES} in {directory} holds {len(examples)} examples,"
+                     f" its manifest {manifest.get('num_examples')!r}; the directory is damaged")
+  return examples, manifest, tokenizer_lib.Tokenizer.from_dir(directory)
+
+
+def _build(cfg, path: str, say: Log) -> dict:
+  t0 = time.time()
+  data_dir = cfg.get("data_dir", None)
+  tok = None
+  if data_dir:
+    # Prepared elsewhere (prepare_data): no game is played unless a DAgger round needs one.
+    examples, data, tok = load_data(cfg, data_dir)
+    _copy_tokenizer_files(data_dir, path)
+    walk, task_idents, tasks = data["walkthroughs"], data["train_tasks"], None
+    say(f"text agent: {len(examples)} prepared examples from {data_dir}")
+  else:
+    examples, walk, tasks = _expert_examples(cfg, say)
+    task_idents = [t.ident for t in tasks]
   init_dir = cfg.get("init_dir", None)
   if init_dir:
     # Fine-tune an existing HF directory (a pretrained checkpoint, or an earlier build to
@@ -488,12 +603,7 @@ def _build(cfg, path: str, say: Log) -> dict:
     _copy_tokenizer_files(init_dir, path)
     say(f"text agent: starting from {init_dir}")
   else:
-    texts = [e["context"] for e in examples] + [e["output"] for e in examples]
-    texts.append(text_agent.SYSTEM_PROMPT)
-    tok = tokenizer_lib.train_tokenizer(
-        texts, path, vocab_size=int(cfg.tokenizer.vocab_size),
-        min_frequency=int(cfg.tokenizer.min_frequency),
-        pre_tokenize=str(cfg.tokenizer.get("pre_tokenize", "runs")))
+    tok = tok or _train_tokenizer(cfg, examples, path)
     model = base_model.init_model(
         base_model.model_config(cfg, tok), seed=int(cfg.seed),
         init_std=float(cfg.model.init_std),
@@ -514,7 +624,9 @@ def _build(cfg, path: str, say: Log) -> dict:
         prompt_weight=float(s.get("prompt_weight", 0.0)))
     trained, losses = result.model, list(result.losses)
   d = cfg.dagger
-  played = _first_per_type(tasks, d.get("per_type", None))
+  if int(d.rounds) and tasks is None:
+    tasks = train_tasks(cfg)
+  played = _first_per_type(tasks or [], d.get("per_type", None))
   dagger_lr = float(d.get("learning_rate", None) or s.learning_rate)
   for r in range(int(d.rounds)):
     more, summary = dagger_examples(trained, tok, played, window=int(cfg.window),
@@ -540,7 +652,7 @@ def _build(cfg, path: str, say: Log) -> dict:
   models.save_pretrained(trained, path)
   losses = np.asarray(losses)
   tail = losses[-max(1, len(losses) // 10):]
-  return {"walkthroughs": walk, "dagger": rounds, "train_tasks": [t.ident for t in tasks],
+  return {"walkthroughs": walk, "dagger": rounds, "train_tasks": task_idents,
           "init": _init_summary(init_dir),
           "model": {"num_params": int(models.param_count(trained)),
                     "vocab_size": model_cfg.vocab_size},

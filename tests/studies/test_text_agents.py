@@ -2,6 +2,7 @@
 walkthroughs through the harness, a locally trained tokenizer and Qwen3, batched evaluation
 under the HAD settings, the random baseline and the report."""
 
+import gzip
 import json
 import os
 import random
@@ -123,6 +124,69 @@ def test_build_from_an_init_dir_continues_that_model_with_its_tokenizer(built, t
     manifest = json.load(f)
   assert manifest["training"]["num_steps"] == 2
   assert manifest["training"]["initial_loss"] < 0.8 * first["training"]["initial_loss"]
+
+
+def test_a_build_on_prepared_data_equals_the_build_that_plays_the_walkthroughs(tmp_path):
+  cfg = _micro()
+  cfg.sft.num_steps, cfg.dagger.rounds = 5, 0
+  data_dir = text_agents.prepare_data(cfg, str(tmp_path / "data"))
+  examples, data, _ = text_agents.load_data(cfg, data_dir)
+  walked, walk = text_agents.walkthroughs(text_agents.train_tasks(cfg), window=cfg.window,
+                                          max_steps=cfg.max_steps,
+                                          rejections=cfg.augment.rejections, seed=cfg.seed)
+  assert data["walkthroughs"] == walk
+  assert [e["output"] for e in examples[:len(walked)]] == [e["output"] for e in walked]
+  direct = text_agents.build_agent(cfg, str(tmp_path / "direct"))
+  cfg.data_dir = data_dir
+  prepared = text_agents.build_agent(cfg, str(tmp_path / "prepared"))
+  for name in ("model.safetensors", "tokenizer.json"):
+    with open(os.path.join(direct, name), "rb") as a, open(os.path.join(prepared, name),
+                                                            "rb") as b:
+      assert a.read() == b.read(), name
+  manifests = []
+  for directory in (direct, prepared):
+    with open(os.path.join(directory, "manifest.json")) as f:
+      manifests.append(json.load(f))
+  for key in ("walkthroughs", "train_tasks", "training"):
+    if key == "training":
+      for m in manifests:
+        m[key].pop("seconds")
+    assert manifests[0][key] == manifests[1][key], key
+
+  # Data prepared from another config are refused, naming the field that differs.
+  other = _micro()
+  other.data_dir, other.per_type = data_dir, 3
+  with pytest.raises(ValueError, match="per_type"):
+    text_agents.build_agent(other, str(tmp_path / "other"))
+  other = _micro()
+  other.data_dir, other.augment.copies = data_dir, 2
+  with pytest.raises(ValueError, match="augment"):
+    text_agents.load_data(other, data_dir)
+  # A damaged directory: fewer examples than its manifest says.
+  damaged = tmp_path / "damaged"
+  damaged.mkdir()
+  for name in os.listdir(data_dir):
+    (damaged / name).write_bytes((tmp_path / "data" / name).read_bytes())
+  with gzip.open(damaged / text_agents.DATA_EXAMPLES, "wt") as f:
+    f.write(json.dumps(examples[0]) + "\n")
+  with pytest.raises(ValueError, match="damaged"):
+    text_agents.load_data(cfg, str(damaged))
+  # Not a data directory; a foreign directory is not replaced; init_dir brings its own
+  # tokenizer, so preparing data with it is refused.
+  bad = _micro()
+  bad.data_dir = str(tmp_path)
+  with pytest.raises(ValueError, match="data_dir"):
+    text_agents.check_config(bad)
+  foreign = tmp_path / "foreign"
+  foreign.mkdir()
+  (foreign / "notes.txt").write_text("mine")
+  with pytest.raises(ValueError, match="not a prepared-data directory"):
+    text_agents.prepare_data(_micro(), str(foreign))
+  bad = _micro()
+  bad.init_dir = direct
+  with pytest.raises(ValueError, match="init_dir"):
+    text_agents.prepare_data(bad, str(tmp_path / "never"))
+  assert not (tmp_path / "never").exists()
 
 
 def test_walkthrough_examples_are_the_expert_turns_in_the_agent_format():
