@@ -406,8 +406,9 @@ def config_dict(cfg) -> dict:
   return json.loads(cfg.to_json())
 
 
-# Config fields that do not change what a build makes: how it is evaluated and where things go.
-_NOT_BUILD_FIELDS = ("eval", "output_dir", "checkpoint", "agent_dir")
+# Config fields that do not change what a build makes: how it is evaluated and where things go
+# (a build on prepared data equals the one that plays the walkthroughs itself).
+_NOT_BUILD_FIELDS = ("eval", "output_dir", "checkpoint", "agent_dir", "data_dir")
 
 
 def build_key(config: dict) -> dict:
