@@ -77,8 +77,9 @@ estimators: $(VENV)/.test-installed
 proxy: $(VENV)/.test-installed
 	$(PY) scripts/proxy_validation.py --config=configs/proxy_validation.py
 
-# A text-game agent (ALFWorld teacher by default) built locally and evaluated as the HAD paper
-# does (docs/text_agents.md); `make text-agents TEXT_CONFIG=configs/text_agents.py:student`.
+# A text-game agent evaluated as the HAD paper does (docs/text_agents.md): by default the
+# committed ALFWorld teacher (checkpoints/); `TEXT_CONFIG=configs/text_agents.py:student` its
+# student; `TEXT_CONFIG=configs/text_agents.py:teacher_cpu` builds the CPU recipe first.
 TEXT_CONFIG ?= configs/text_agents.py
 text-agents: $(VENV)/.test-installed java
 	$(PY) scripts/text_agents.py --config=$(TEXT_CONFIG)
