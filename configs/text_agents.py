@@ -202,11 +202,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
 
 def _large_teacher(config: ml_collections.ConfigDict) -> None:
   """The eleventh build (ALFWorld): the tenth build's recipe with 4x the walkthroughs and a
-  5x wider and deeper model, trained longer in larger batches. Measured (docs/text_agents.md,
-  "Status"): 66.7 % of seen and 72.2 % of unseen tasks with the harness, against the tenth
-  build's 27.8 % / 27.8 %. Its SFT took 4 minutes on one H200 (`data_dir` prepared here, about
-  20 minutes of walkthroughs on one CPU core); at 2 s a step of 16 on a 2-core CPU it would
-  take most of a day."""
+  5x larger model, trained longer in larger batches. Measured (docs/text_agents.md,
+  "Status"): 73.3 % of 60 held-out seen and 75.0 % of 60 unseen tasks with the harness,
+  against the tenth build's 27.8 % / 27.8 % of 18. Its SFT took 4 minutes on one H200 (on
+  data prepared by `prepare_data` on a CPU, 20 minutes of walkthroughs on one core); at 2 s
+  a step of 16 on a 2-core CPU it would take most of a day."""
   config.per_type = 96             # 576 seen tasks, 12,460 walkthrough turns
   m = config.model
   m.hidden_size, m.num_layers, m.num_heads, m.num_kv_heads = 256, 6, 8, 4

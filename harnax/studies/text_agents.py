@@ -440,26 +440,40 @@ def build_agent(cfg, directory: str, *, log: Log | None = None) -> str:
   if is_built(directory, cfg):
     say(f"text agent: reusing {directory} (identical config)")
     return directory
-  if os.path.exists(directory) and os.listdir(directory) and not os.path.exists(
-      os.path.join(directory, MANIFEST)):
-    raise ValueError(f"directory: {directory} exists and is not a text-agent directory (no "
-                     f"{MANIFEST}); refusing to replace it")
-  parent = os.path.dirname(directory)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.build-", dir=parent)
-  try:
+
+  def write(tmp):
     summary = _build(cfg, tmp, say)
     with open(os.path.join(tmp, MANIFEST), "w") as f:
       json.dump({"format": FORMAT, "config": config_dict(cfg), **summary}, f, indent=2,
                 sort_keys=True)
+    return summary
+
+  summary = _replace_atomically(directory, MANIFEST, "text-agent", write)
+  say(f"text agent: wrote {directory} in {summary['seconds']:.1f} s")
+  return directory
+
+
+def _replace_atomically(directory: str, marker: str, kind: str, write: Callable[[str], dict]
+                        ) -> dict:
+  """`write(tmp)` into a fresh directory beside `directory`, which is then renamed into place,
+  so a reader never sees a half-written one. An existing non-empty `directory` is replaced
+  only if it holds `marker` (it is one of ours). Returns what `write` returns."""
+  if os.path.exists(directory) and os.listdir(directory) and not os.path.exists(
+      os.path.join(directory, marker)):
+    raise ValueError(f"directory: {directory} exists and is not a {kind} directory (no "
+                     f"{marker}); refusing to replace it")
+  parent = os.path.dirname(directory)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.{kind}-", dir=parent)
+  try:
+    result = write(tmp)
     if os.path.exists(directory):
       shutil.rmtree(directory)
     os.rename(tmp, directory)
   finally:
     if os.path.exists(tmp):
       shutil.rmtree(tmp, ignore_errors=True)
-  say(f"text agent: wrote {directory} in {summary['seconds']:.1f} s")
-  return directory
+  return result
 
 
 def train_tasks(cfg) -> list[GameTask]:
@@ -529,14 +543,8 @@ def prepare_data(cfg, directory: str, *, log: Log | None = None) -> str:
                      "preparing data")
   say = log or (lambda line: None)
   directory = os.path.abspath(directory)
-  if os.path.exists(directory) and os.listdir(directory) and not os.path.exists(
-      os.path.join(directory, DATA_MANIFEST)):
-    raise ValueError(f"directory: {directory} exists and is not a prepared-data directory (no "
-                     f"{DATA_MANIFEST}); refusing to replace it")
-  parent = os.path.dirname(directory)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.data-", dir=parent)
-  try:
+
+  def write(tmp):
     examples, walk, tasks = _expert_examples(cfg, say)
     _train_tokenizer(cfg, examples, tmp)
     with gzip.open(os.path.join(tmp, DATA_EXAMPLES), "wt", encoding="utf-8") as f:
@@ -546,13 +554,10 @@ def prepare_data(cfg, directory: str, *, log: Log | None = None) -> str:
       json.dump({"format": DATA_FORMAT, "config": _data_key(config_dict(cfg)),
                  "walkthroughs": walk, "train_tasks": [t.ident for t in tasks],
                  "num_examples": len(examples)}, f, indent=2, sort_keys=True)
-    if os.path.exists(directory):
-      shutil.rmtree(directory)
-    os.rename(tmp, directory)
-  finally:
-    if os.path.exists(tmp):
-      shutil.rmtree(tmp, ignore_errors=True)
-  say(f"text agent: prepared {len(examples)} examples in {directory}")
+    return {"num_examples": len(examples)}
+
+  written = _replace_atomically(directory, DATA_MANIFEST, "prepared-data", write)
+  say(f"text agent: prepared {written['num_examples']} examples in {directory}")
   return directory
 
 
