@@ -113,6 +113,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   # context, is then in the data. Off: the eighth build, with 0.15, still repeated 84 % of its
   # rejected actions and won less (docs/text_agents.md, "Status").
   config.augment.rejections = 0.0
+  # With this probability an expert turn is also an example in the context without the harness
+  # (text_agents.walkthroughs' `bare`): the expert's action after a thought that cites no
+  # record. Off in the agents evaluated with the harness; "had_teacher" uses it, so that HAD's
+  # without-harness query to the teacher gets an action (docs/had.md).
+  config.augment.bare = 0.0
 
   # DAgger rounds after the first SFT (ALFWorld): the model plays the training tasks, the expert
   # labels every state it reaches, and SFT goes on over all examples so far.
@@ -157,6 +162,8 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
     # The build of this config, committed: evaluated and distilled from as it is;
     # `--config.checkpoint=` (empty) builds it again instead.
     config.checkpoint = TEACHER_CHECKPOINT
+  elif variant == "had_teacher" and game == "alfworld":
+    _had_teacher(config)
   elif variant == "teacher_cpu":
     config.agent_dir = f"results/text_agents/{game}-teacher-cpu"
   elif variant == "student":
@@ -194,9 +201,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
       config.eval.per_type = 8
       config.eval.task_seed = 0      # the training tasks themselves (see above)
       config.eval.max_steps = 20
+  elif variant == "had_teacher":
+    raise ValueError(f"variant: had_teacher is an ALFWorld build, got game {game!r}")
   elif variant != "teacher":
-    raise ValueError(f"variant: expected 'teacher', 'teacher_cpu', 'student', 'micro' or "
-                     f"'micro_teacher', got {variant!r}")
+    raise ValueError(f"variant: expected 'teacher', 'had_teacher', 'teacher_cpu', 'student', "
+                     f"'micro' or 'micro_teacher', got {variant!r}")
   return config
 
 
@@ -214,6 +223,22 @@ def _large_teacher(config: ml_collections.ConfigDict) -> None:
   s = config.sft
   s.num_steps, s.batch_size, s.learning_rate, s.warmup_steps = 5100, 32, 2e-3, 200
   s.length_bucket = 256            # fewer shapes to compile on an accelerator
+
+
+def _had_teacher(config: ml_collections.ConfigDict) -> None:
+  """HAD's teacher (ALFWorld): the committed teacher, fine-tuned on its walkthroughs with half
+  of the turns also shown without the harness (`augment.bare`), so that it answers in both
+  contexts, as the paper's pretrained teachers do. Trained only with the harness, the teacher
+  answers the harness-removed context with a record of its own and no action (896 of 900
+  outputs), which leaves HAD's preference term without pairs (docs/had.md, "Status")."""
+  _large_teacher(config)
+  config.agent_dir = "results/text_agents/alfworld-had-teacher"
+  config.init_dir = TEACHER_CHECKPOINT
+  config.augment.bare = 0.5
+  s = config.sft
+  # A short fine-tuning of a converged model: a few thousand sequences, a tenth of the
+  # learning rate, sized for a 2-core CPU (about half an hour).
+  s.num_steps, s.batch_size, s.learning_rate, s.warmup_steps = 500, 16, 3e-4, 20
 
 
 def _student(config: ml_collections.ConfigDict) -> None:

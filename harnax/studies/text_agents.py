@@ -142,6 +142,9 @@ def check_config(cfg) -> None:
     if rejections and cfg.game != "alfworld":
       raise ValueError(f"augment.rejections: mistaken commands are written for ALFWorld only; "
                        f"expected 0 for {cfg.game!r}, got {rejections}")
+    bare = aug.get("bare", 0.0)
+    if isinstance(bare, bool) or not isinstance(bare, (int, float)) or not 0 <= bare <= 1:
+      raise ValueError(f"augment.bare: expected a probability in [0, 1], got {bare!r}")
   for field in ("temperature", "retry_temperature"):
     temperature = cfg.eval.get(field, 0.0)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
@@ -214,7 +217,7 @@ def _expert(game: HarnessedGame, info: dict):
 
 
 def walkthroughs(tasks, *, window: int, max_steps: int, rejections: float = 0.0,
-                 seed: int = 0) -> tuple[list[dict], dict]:
+                 bare: float = 0.0, seed: int = 0) -> tuple[list[dict], dict]:
   """The expert's turns on `tasks`, through the full harness.
 
   Args:
@@ -225,18 +228,28 @@ def walkthroughs(tasks, *, window: int, max_steps: int, rejections: float = 0.0,
       (:func:`experts.alfworld_mistakes`) is played first. The monitor rejects it (the game
       does not see it) and the expert's action follows with the rejection and its feedback in
       the context. The mistake is never a training target; the turn after it is. 0: off.
-    seed: the draws of `rejections`.
+    bare: with this probability, an expert turn is also given as a second example in the
+      context without the harness (the harness-removed rendering: no record, no monitor
+      feedback), its output the expert's action after a thought that cites no record
+      (:func:`bare_output`). A teacher that has seen such turns answers HAD's
+      without-harness query (a⁻) with an action instead of a record of its own. 0: off.
+    seed: the draws of `rejections` and of `bare`.
 
   Returns:
-    (examples, summary): one ``{"task", "context", "output", "action"}`` per expert turn;
-    the summary counts episodes, wins, turns (rejected ones included) and rejections.
+    (examples, summary): one ``{"task", "context", "output", "action"}`` per expert turn,
+    and one more with ``"bare": True`` per turn drawn by `bare`; the summary counts
+    episodes, wins, turns (rejected ones included), rejections and bare examples.
   """
   if not 0.0 <= rejections <= 1.0:
     raise ValueError(f"rejections: expected a probability in [0, 1], got {rejections!r}")
+  if not 0.0 <= bare <= 1.0:
+    raise ValueError(f"bare: expected a probability in [0, 1], got {bare!r}")
   if rejections and any(t.game != "alfworld" for t in tasks):
     raise ValueError("rejections: mistaken commands are written for ALFWorld only")
   rng = random.Random(seed)
-  examples, wins, turns, rejected = [], 0, 0, 0
+  # Its own stream, so that turning `bare` on leaves the draws of `rejections` as they were.
+  bare_rng = random.Random(f"bare-{seed}")
+  examples, wins, turns, rejected, bare_examples = [], 0, 0, 0, 0
   for task in tasks:
     # Rejected turns count against the harness's turn limit; leave room for them.
     game = HarnessedGameMaker(max_steps=2 * max_steps if rejections else max_steps)(task)
@@ -255,13 +268,29 @@ def walkthroughs(tasks, *, window: int, max_steps: int, rejections: float = 0.0,
       examples.append({"task": task.ident, "context": game.context(window=window),
                        "output": text_agent.format_output(step.thought, step.action),
                        "action": step.action})
+      if bare and bare_rng.random() < bare:
+        context = game.context(window=window, state_tracking=False, action_monitoring=False)
+        examples.append({"task": task.ident, "context": context,
+                         "output": bare_output(step.action), "action": step.action,
+                         "bare": True})
+        bare_examples += 1
       _, _, terminated, truncated, info = game.step(step.action)
       if terminated or truncated:
         break
     wins += bool(info.get("won"))
     turns += len(game.turns)
     game.close()
-  return examples, {"episodes": len(tasks), "won": wins, "turns": turns, "rejected": rejected}
+  summary = {"episodes": len(tasks), "won": wins, "turns": turns, "rejected": rejected}
+  if bare:
+    summary["bare"] = bare_examples
+  return examples, summary
+
+
+def bare_output(action: str) -> str:
+  """The output of a walkthrough turn shown without the harness: the action, after a thought
+  that only states it (there is no record to cite), e.g. ``Think: I go to cabinet 3.\nAction:
+  go to cabinet 3``. Short, so the bare answer ends well inside the generation budget."""
+  return text_agent.format_output(f"I {action}.", action)
 
 
 def dagger_examples(model, tokenizer, tasks, *, window: int, max_steps: int,
@@ -411,8 +440,25 @@ def config_dict(cfg) -> dict:
 _NOT_BUILD_FIELDS = ("eval", "output_dir", "checkpoint", "agent_dir", "data_dir")
 
 
+# Fields added to the config after builds were committed, with the value that makes what
+# those builds made: a manifest without the field reads as having that value.
+_LATER_FIELDS = {("augment", "bare"): 0.0}
+
+
+def _with_later_fields(config: dict) -> dict:
+  config = json.loads(json.dumps(config))
+  for path, value in _LATER_FIELDS.items():
+    node = config
+    for key in path[:-1]:
+      node = node.get(key) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+      node.setdefault(path[-1], value)
+  return config
+
+
 def build_key(config: dict) -> dict:
   """The part of a config (as `config_dict` gives it) that determines a build."""
+  config = _with_later_fields(config)
   return {k: v for k, v in config.items() if k not in _NOT_BUILD_FIELDS}
 
 
@@ -488,11 +534,12 @@ def _expert_examples(cfg, say: Log) -> tuple[list[dict], dict, list[GameTask]]:
   tasks = train_tasks(cfg)
   aug = cfg.get("augment", None)
   rejections = float(aug.get("rejections", 0.0)) if aug is not None else 0.0
+  bare = float(aug.get("bare", 0.0)) if aug is not None else 0.0
   examples, walk = walkthroughs(tasks, window=int(cfg.window), max_steps=int(cfg.max_steps),
-                                rejections=rejections, seed=int(cfg.seed))
+                                rejections=rejections, bare=bare, seed=int(cfg.seed))
   say(f"text agent: {len(examples)} expert turns from {walk['episodes']} seen tasks "
       f"({walk['won']} won, {walk['rejected']} after a rejected mistake, "
-      f"{time.time() - t0:.1f} s)")
+      f"{walk.get('bare', 0)} also without the harness, {time.time() - t0:.1f} s)")
   if aug is not None and int(aug.get("repeats", 1)) > 1:
     before = len(examples)
     examples = repeat_verbs(examples, verbs=tuple(aug.repeat_verbs), repeats=int(aug.repeats))
@@ -524,6 +571,7 @@ DATA_FIELDS = ("game", "task_types", "per_type", "task_seed", "rooms", "max_step
 
 
 def _data_key(config: dict) -> dict:
+  config = _with_later_fields(config)
   return {k: config.get(k) for k in DATA_FIELDS}
 
 

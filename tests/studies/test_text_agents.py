@@ -223,6 +223,43 @@ def test_rejected_mistakes_leave_the_walkthrough_and_precede_a_recovery():
     text_agents.walkthroughs(tasks, window=1, max_steps=50, rejections=1.5)
 
 
+def test_bare_examples_are_expert_turns_in_the_context_without_the_harness():
+  tasks = alfworld.tasks("seen", per_type=1, task_types=("pick_and_place_simple",
+                                                         "pick_heat_then_place_in_recep"))
+  plain, plain_summary = text_agents.walkthroughs(tasks, window=1, max_steps=50)
+  examples, summary = text_agents.walkthroughs(tasks, window=1, max_steps=50, bare=0.5, seed=3)
+  harnessed = [e for e in examples if not e.get("bare")]
+  bare = [e for e in examples if e.get("bare")]
+  # The harnessed examples are the walkthrough's, unchanged; bare ones are extra.
+  assert harnessed == plain and summary["won"] == plain_summary["won"] == 2
+  assert summary["bare"] == len(bare) and 0 < len(bare) < len(plain)
+  # Replay the walkthroughs and render each state without the harness, independently.
+  expected = []
+  for task in tasks:
+    game = text_agents.HarnessedGameMaker(max_steps=50)(task)
+    game.reset()
+    for e in (e for e in plain if e["task"] == task.ident):
+      expected.append((e["action"], game.context(window=1, state_tracking=False,
+                                                 action_monitoring=False)))
+      game.step(e["action"])
+    game.close()
+  # Each bare example follows its own turn's harnessed example, in that turn's state.
+  for i, e in enumerate(examples):
+    if e.get("bare"):
+      before = examples[i - 1]
+      assert not before.get("bare") and before["action"] == e["action"]
+      assert (e["action"], e["context"]) == expected[harnessed.index(before)]
+      assert "<harness_state>" not in e["context"] and "harness" not in e["context"]
+      assert e["output"] == f"Think: I {e['action']}.\nAction: {e['action']}"
+      assert text_agent.parse_output(e["output"]).action == e["action"]
+  assert examples == text_agents.walkthroughs(tasks, window=1, max_steps=50, bare=0.5,
+                                              seed=3)[0]
+  all_bare = text_agents.walkthroughs(tasks, window=1, max_steps=50, bare=1.0)[0]
+  assert len(all_bare) == 2 * len(plain)
+  with pytest.raises(ValueError, match="bare"):
+    text_agents.walkthroughs(tasks, window=1, max_steps=50, bare=-0.1)
+
+
 def test_relabeled_copies_rename_each_instance_consistently():
   tasks = alfworld.tasks("seen", per_type=1, task_types=("pick_clean_then_place_in_recep",))
   examples, _ = text_agents.walkthroughs(tasks, window=1, max_steps=50)
@@ -391,6 +428,7 @@ def test_bad_inputs(tmp_path):
          ("micro", "sft.num_steps", 0),  # nothing to train from without init_dir
          ("micro", "augment.repeats", 0), ("micro", "augment.rejections", -0.1),
          ("micro", "augment.rejections", 1.5), (sw, "augment.rejections", 0.1),
+         ("micro", "augment.bare", 1.5), ("micro", "augment.bare", -0.5),
          ("micro", "augment.repeat_verbs", ("take", "")), ("micro", "rooms", ("attic",)),
          ("micro", "rooms", ()), (sw, "rooms", ("bathroom",))]
   bad += [("micro", f"dagger.{field}", value) for field, value in (
