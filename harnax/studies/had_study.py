@@ -11,7 +11,8 @@ the teacher-budget-x2 controls, evaluated as the paper does (docs/had.md).
    `text_agents.evaluate` under the four harness settings on seen and unseen tasks.
 
 `render(cfg, result)` writes the report in the paper's tables' shape with the paper's numbers
-beside ours (success with 95 % Wilson intervals, pooled over seeds).
+beside ours (success with 95 % Wilson intervals, pooled over seeds, and per run the success of
+each seed with a two-stage bootstrap interval over seeds and episodes).
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ def run(cfg, *, log: Log | None = None) -> dict:
   out = {"runs": {}, "history": {}, "teacher": evaluate(teacher, t_tok)}
   student0, s_tok = text_agents.load_agent(student_dir)
   out["student"] = evaluate(student0, s_tok)
+  out["seeds"] = {}
   for name, method, budget in run_names(cfg):
     pooled = {s: {split: [] for split in evals} for s in ev.settings}
+    per_seed = {s: {split: [] for split in evals} for s in ev.settings}
     out["history"][name] = []
     for seed in cfg.study.seeds:
       c = copy.deepcopy(cfg)
@@ -91,9 +94,11 @@ def run(cfg, *, log: Log | None = None) -> dict:
       for s, splits in evaluate(trained, tok).items():
         for split, traces in splits.items():
           pooled[s][split] += traces
+          per_seed[s][split].append(traces)
       say(f"had study: {name} seed {seed}: with harness "
           f"{text_metrics.success(pooled['with_harness']['unseen'])} unseen")
     out["runs"][name] = pooled
+    out["seeds"][name] = per_seed
   return out
 
 
@@ -150,7 +155,10 @@ def render(cfg, result: dict) -> str:
                 + [f"{paper['seen']} / {paper['unseen']}" if paper else "—"])
   best = PAPER["success"]["best baseline"]
   rows.append(["paper: best baseline", "", "", "", "", f"{best['seen']} / {best['unseen']}"])
-  lines += [markdown_table(header, rows), "", "## HAD under the four settings", ""]
+  lines += [markdown_table(header, rows), ""]
+  if result.get("seeds"):
+    lines += _seed_table(result["seeds"])
+  lines += ["## HAD under the four settings", ""]
   header = ["setting", "HAD seen", "HAD unseen", "paper seen", "paper unseen"]
   rows = []
   for s in cfg.teacher.eval.settings:
@@ -184,6 +192,30 @@ def render(cfg, result: dict) -> str:
   return "\n".join(lines)
 
 
+def _seed_table(seeds: dict) -> list[str]:
+  """Success with the harness per training seed, and the pooled success with its two-stage
+  bootstrap interval (text_metrics.seed_bootstrap): the interval a reader should compare."""
+  from harnax.studies.results import markdown_table
+
+  header = ["run", "seen: per seed", "seen: pooled [bootstrap 95 %]", "unseen: per seed",
+            "unseen: pooled [bootstrap 95 %]"]
+  rows = []
+  for name, by in seeds.items():
+    row = [name]
+    for split in ("seen", "unseen"):
+      groups = by.get("with_harness", {}).get(split, [])
+      row.append(", ".join(f"{100 * text_metrics.success(g).value:.0f}" for g in groups)
+                 or "—")
+      value, lo, hi = text_metrics.seed_bootstrap(groups)
+      row.append("n/a" if value != value else
+                 f"{100 * value:.1f} [{100 * lo:.0f}, {100 * hi:.0f}]")
+    rows.append(row)
+  return ["### With the harness, seed by seed", "",
+          "Each seed is one distillation run from the same student; the bootstrap draws seeds, "
+          "then each drawn seed's games, so the interval includes the run-to-run spread.", "",
+          markdown_table(header, rows), ""]
+
+
 def metrics(result: dict) -> dict:
   """Counts per model, setting and split (JSON)."""
   out = {}
@@ -194,4 +226,10 @@ def metrics(result: dict) -> dict:
         out[f"{name}/{s}/{split}"] = {k: {"successes": v.successes, "trials": v.trials}
                                       for k, v in text_metrics.summarize(traces).items()}
   out["history"] = result.get("history", {})
+  # Per run, setting and split: the games won and played by each training seed.
+  out["seeds"] = {name: {s: {split: [[text_metrics.success(g).successes,
+                                      text_metrics.success(g).trials] for g in groups]
+                             for split, groups in splits.items()}
+                         for s, splits in by.items()}
+                  for name, by in result.get("seeds", {}).items()}
   return out

@@ -147,3 +147,40 @@ def summarize(episodes: Sequence[EpisodeTrace], *, within: int = 5) -> dict[str,
           "harness_utilization": harness_utilization(episodes),
           "stall_prevention": stall_prevention(episodes),
           "stall_escape": stall_escape(episodes, within=within)}
+
+
+def seed_bootstrap(groups: Sequence[Sequence[EpisodeTrace]], *, samples: int = 2000,
+                   seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+  """Success pooled over training seeds, with a two-stage (cluster) bootstrap interval.
+
+  Each group holds the evaluation episodes of one training seed. A bootstrap sample draws the
+  seeds with replacement, then each drawn seed's episodes with replacement, and pools them;
+  the interval is the percentile interval of the pooled success over `samples` draws. Seed
+  to seed variation (how a distilled student depends on its training run) thus widens the
+  interval, which a Wilson interval on the pooled episodes would ignore. With one group it is
+  the ordinary bootstrap over episodes.
+
+  Returns:
+    (success of the pooled episodes, lower, upper), in [0, 1]; NaNs without episodes.
+  """
+  if not isinstance(samples, int) or samples < 1:
+    raise ValueError(f"samples: expected a positive int, got {samples!r}")
+  if not 0.0 < level < 1.0:
+    raise ValueError(f"level: expected a probability in (0, 1), got {level!r}")
+  won = [np.array([bool(ep.won) for ep in _episodes(g)], np.float64) for g in groups]
+  won = [w for w in won if w.size]
+  if not won:
+    return (math.nan, math.nan, math.nan)
+  value = float(np.concatenate(won).mean())
+  rng = np.random.default_rng(seed)
+  stats = np.empty(samples)
+  for b in range(samples):
+    picked = rng.integers(0, len(won), size=len(won))
+    total = count = 0.0
+    for g in picked:
+      draw = rng.integers(0, won[g].size, size=won[g].size)
+      total += won[g][draw].sum()
+      count += won[g].size
+    stats[b] = total / count
+  lo, hi = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+  return (value, float(lo), float(hi))

@@ -79,3 +79,21 @@ def test_report_says_plainly_when_nothing_is_won():
   won = _by([True], [False], cfg)
   text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
   assert "The teacher wins 4 of its evaluation games" in text
+
+
+def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
+  cfg = config_lib.get_config("had,micro")
+  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("had",), (), ()
+  # Two seeds that disagree completely on the seen games: 4/4 and 0/4.
+  seeds = {"had": {s: {"seen": [[_trace(True)] * 4, [_trace(False)] * 4],
+                       "unseen": [[_trace(True)] * 2, [_trace(True)] * 2]}
+                   for s in cfg.teacher.eval.settings}}
+  runs = {"had": {s: {split: [t for g in groups for t in g] for split, groups in by.items()}
+                  for s, by in seeds["had"].items()}}
+  zero = _by([False], [False], cfg)
+  text = had_study.render(cfg, {"runs": runs, "teacher": zero, "student": zero,
+                                "seeds": seeds})
+  # Pooled 4/8 = 50 %, but drawing seeds {A, A} or {B, B} (each 1/4) gives 100 % or 0 %.
+  assert "| had | 100, 0 | 50.0 [0, 100] | 100, 100 | 100.0 [100, 100] |" in text
+  m = had_study.metrics({"runs": runs, "teacher": zero, "student": zero, "seeds": seeds})
+  assert m["seeds"]["had"]["with_harness"]["seen"] == [[4, 4], [0, 4]]

@@ -102,3 +102,44 @@ def test_bad_inputs():
     tm.stall_escape([], within=0)
   with pytest.raises(ValueError, match=r"episodes\[0\]"):
     tm.success([{"won": True}])
+
+
+def _won(k, n):
+  return [_trace(i < k, [0]) for i in range(n)]
+
+
+def test_seed_bootstrap_with_one_seed_is_the_episode_bootstrap():
+  # 120 of 400 won: the bootstrap's percentile interval approaches the normal one,
+  # p ± 1.96 sqrt(p (1 - p) / n) = 0.3 ± 0.0449.
+  value, lo, hi = tm.seed_bootstrap([_won(120, 400)], samples=4000, seed=1)
+  half = 1.959964 * np.sqrt(0.3 * 0.7 / 400)
+  assert value == 0.3
+  assert abs(lo - (0.3 - half)) < 0.01 and abs(hi - (0.3 + half)) < 0.01
+  assert tm.seed_bootstrap([_won(120, 400)], samples=300, seed=5) == tm.seed_bootstrap(
+      [_won(120, 400)], samples=300, seed=5)
+
+
+def test_seed_bootstrap_widens_the_interval_by_the_seed_to_seed_spread():
+  # One seed wins all 50 games, the other none. Pooled: 50 %, Wilson [40, 60] %. Drawing the
+  # two seeds with replacement gives {A, A} (success 1), {B, B} (0) each with probability 1/4,
+  # so the 95 % interval is [0, 1].
+  groups = [_won(50, 50), _won(0, 50)]
+  value, lo, hi = tm.seed_bootstrap(groups, samples=2000, seed=0)
+  assert value == 0.5 and lo == 0.0 and hi == 1.0
+  wilson = tm.success(groups[0] + groups[1]).interval()
+  assert 0.39 < wilson[0] < wilson[1] < 0.61
+  # Seeds that agree exactly: nothing to widen; all won: the interval is the point.
+  assert tm.seed_bootstrap([_won(4, 4)] * 3) == (1.0, 1.0, 1.0)
+  value, lo, hi = tm.seed_bootstrap([_won(10, 20)] * 3, samples=2000)
+  one = tm.seed_bootstrap([_won(30, 60)], samples=2000)
+  assert value == 0.5 and abs(lo - one[1]) < 0.03 and abs(hi - one[2]) < 0.03
+
+
+def test_seed_bootstrap_empty_and_bad_inputs():
+  assert all(np.isnan(x) for x in tm.seed_bootstrap([[], []]))
+  with pytest.raises(ValueError, match="samples"):
+    tm.seed_bootstrap([_won(1, 2)], samples=0)
+  with pytest.raises(ValueError, match="level"):
+    tm.seed_bootstrap([_won(1, 2)], level=1.0)
+  with pytest.raises(ValueError, match=r"episodes\[0\]"):
+    tm.seed_bootstrap([[{"won": True}]])
