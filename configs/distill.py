@@ -10,8 +10,9 @@ its SFT steps, distilled on those tasks and evaluated on them (seen) and on unse
 "budget2" the teacher budget x2 control (twice the rollouts, hence teacher-scored tokens, per
 update), e.g. `--config=configs/distill.py:opd,alfworld,budget2`.
 
-The teacher and the student are the text agents of configs/text_agents.py ("teacher" and
-"student" variants, built by harnax.studies.text_agents.build_agent into their agent_dir).
+The teacher and the student are the text agents of configs/text_agents.py (on ALFWorld the
+committed "had_teacher" and "student" builds, elsewhere "teacher" and "student", built by
+harnax.studies.text_agents.build_agent into their agent_dir when no checkpoint is named).
 """
 
 import ml_collections
@@ -42,7 +43,10 @@ def get_config(variant: str = "had") -> ml_collections.ConfigDict:
   c.method = method
   c.game = game
   c.teacher_budget = 2 if "budget2" in rest else 1
-  c.teacher = text_agents.get_config(f"{'micro' if micro else 'teacher'},{game}")
+  # On ALFWorld HAD's teacher, which answers with and without the harness (the preference
+  # term queries both); elsewhere the teacher build.
+  teacher = "had_teacher" if game == "alfworld" else "teacher"
+  c.teacher = text_agents.get_config(f"{'micro' if micro else teacher},{game}")
   c.student = text_agents.get_config(f"{'micro' if micro else 'student'},{game}")
   c.teacher_dir = c.teacher.agent_dir
   c.student_dir = c.student.agent_dir

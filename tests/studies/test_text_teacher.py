@@ -6,7 +6,8 @@ this checks that the whole path (walkthroughs, tokenizer, SFT, checkpoint, batch
 parser, harness) yields an agent that wins, not only one that runs.
 
 The full teacher, committed in checkpoints/alfworld-teacher, is checked too: it is the build of
-the teacher config, and it wins held-out seen tasks."""
+the teacher config, and it wins held-out seen tasks; so is HAD's teacher, committed in
+checkpoints/alfworld-had-teacher, which also acts without the harness."""
 
 import json
 import math
@@ -110,3 +111,27 @@ def test_the_committed_student_is_the_student_build_and_shares_the_teachers_voca
   assert distill_loop.same_vocabulary(s_tok, t_tok)
   assert student.config.vocab_size == teacher.config.vocab_size
   assert models.param_count(student) < models.param_count(teacher) / 4
+
+
+def test_the_committed_had_teacher_is_its_build_and_acts_where_the_teacher_does_not(committed):
+  cfg, (teacher, t_tok) = committed
+  had_cfg = config_lib.get_config("had_teacher")
+  assert had_cfg.checkpoint == config_lib.HAD_TEACHER_CHECKPOINT
+  assert text_agents.is_built(had_cfg.checkpoint, had_cfg)
+  had_teacher, h_tok = text_agents.load_agent(had_cfg.checkpoint)
+  # The fine-tuning kept the vocabulary and the model: it scores the student's tokens as the
+  # teacher did.
+  assert distill_loop.same_vocabulary(h_tok, t_tok)
+  assert models.param_count(had_teacher) == models.param_count(teacher)
+  # HAD queries the teacher in the context without the harness (a-). The teacher trained only
+  # with the harness writes a record of its own there and no action (docs/had.md, "Status");
+  # the HAD teacher writes an action in every turn (900 of 900 in its full evaluation).
+  cfg.eval.per_type = 1
+  tasks = text_agents.eval_tasks(cfg)["seen"][:2]
+  failures = {}
+  for name, (model, tok) in {"teacher": (teacher, t_tok), "had": (had_teacher, h_tok)}.items():
+    traces, stats = text_agents.evaluate(model, tok, tasks, "harness_removed", window=cfg.window,
+                                         max_steps=4, batch_size=2)
+    failures[name] = (stats["parse_failures"], stats["turns"])
+  assert failures["had"][0] == 0, failures
+  assert failures["teacher"][0] >= failures["teacher"][1] // 2, failures
