@@ -8,7 +8,11 @@ the teacher-budget-x2 controls, evaluated as the paper does (docs/had.md).
    the student (`harnax.train.distill_loop.train`, its own workdir, so a stopped study
    resumes);
 3. evaluates the teacher, the student before distillation and every run with
-   `text_agents.evaluate` under the four harness settings on seen and unseen tasks.
+   `text_agents.evaluate` under the four harness settings on seen and unseen tasks, keeping
+   every episode in `<output_dir>/eval/{teacher,student}/` and `<run workdir>/eval/`
+   (`<setting>-<split>.jsonl`). An evaluation is reused when its `key.json` (the weights'
+   digest, the tasks and the decoding settings) matches, so a stopped or extended study
+   (more methods, seeds or settings) redoes neither a finished run nor its evaluation.
 
 `render(cfg, result)` writes the report in the paper's tables' shape with the paper's numbers
 beside ours (success with 95 % Wilson intervals, pooled over seeds, and per run the success of
@@ -18,11 +22,18 @@ each seed with a two-stage bootstrap interval over seeds and episodes).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 from typing import Callable
 
+from flax import nnx
+import jax
+import numpy as np
+
 from harnax.studies import text_agents
 from harnax.studies import text_metrics
+from harnax.train import rollouts
 
 Log = Callable[[str], None]
 
@@ -68,16 +79,16 @@ def run(cfg, *, log: Log | None = None) -> dict:
   ev = cfg.teacher.eval
   make_game = text_agents.HarnessedGameMaker(max_steps=int(cfg.max_turns))
 
-  def evaluate(model, tok) -> dict:
-    return {s: {split: text_agents.evaluate(model, tok, ts, s, window=int(cfg.window),
-                                            max_steps=int(ev.max_steps),
-                                            batch_size=int(ev.batch_size),
-                                            max_new_tokens=int(ev.max_new_tokens))[0]
-                for split, ts in evals.items()} for s in ev.settings}
+  def evaluate(model, tok, directory) -> dict:
+    return evaluations(model, tok, evals, ev.settings, directory, window=int(cfg.window),
+                       max_steps=int(ev.max_steps), batch_size=int(ev.batch_size),
+                       max_new_tokens=int(ev.max_new_tokens), log=say)
 
-  out = {"runs": {}, "history": {}, "teacher": evaluate(teacher, t_tok)}
+  evals_dir = os.path.join(cfg.study.output_dir, "eval")
+  out = {"runs": {}, "history": {},
+         "teacher": evaluate(teacher, t_tok, os.path.join(evals_dir, "teacher"))}
   student0, s_tok = text_agents.load_agent(student_dir)
-  out["student"] = evaluate(student0, s_tok)
+  out["student"] = evaluate(student0, s_tok, os.path.join(evals_dir, "student"))
   out["seeds"] = {}
   for name, method, budget in run_names(cfg):
     pooled = {s: {split: [] for split in evals} for s in ev.settings}
@@ -91,7 +102,7 @@ def run(cfg, *, log: Log | None = None) -> dict:
       trained, result = distill_loop.train(c, student, tok, teacher, make_game, tasks,
                                            workdir=workdir, teacher_tokenizer=t_tok)
       out["history"][name].append(result.history[-1] if result.history else {})
-      for s, splits in evaluate(trained, tok).items():
+      for s, splits in evaluate(trained, tok, os.path.join(workdir, "eval")).items():
         for split, traces in splits.items():
           pooled[s][split] += traces
           per_seed[s][split].append(traces)
@@ -99,6 +110,71 @@ def run(cfg, *, log: Log | None = None) -> dict:
           f"{text_metrics.success(pooled['with_harness']['unseen'])} unseen")
     out["runs"][name] = pooled
     out["seeds"][name] = per_seed
+  return out
+
+
+def params_digest(model) -> str:
+  """SHA-256 of a model's parameters (names, shapes, dtypes and values): two models with one
+  digest decode identically."""
+  h = hashlib.sha256()
+  leaves, _ = jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))
+  for path, leaf in leaves:
+    x = np.asarray(leaf)
+    h.update(f"{jax.tree_util.keystr(path)}|{x.dtype}|{x.shape}|".encode())
+    h.update(np.ascontiguousarray(x).tobytes())
+  return h.hexdigest()
+
+
+def evaluations(model, tokenizer, tasks: dict, settings, directory: str, *, window: int,
+                max_steps: int, batch_size: int, max_new_tokens: int,
+                log: Log | None = None) -> dict:
+  """`{setting: {split: [EpisodeTrace]}}` of greedy `text_agents.evaluate` runs, cached.
+
+  Every evaluation's episodes are kept in ``directory/<setting>-<split>.jsonl`` (written to a
+  temporary name and renamed when complete). ``directory/key.json`` holds what decides them:
+  the weights' digest, the task identities and the decoding settings; a directory whose key
+  differs is evaluated again (its logs replaced), one whose key matches is read back.
+
+  Args:
+    model, tokenizer: the agent.
+    tasks: `{split: [GameTask]}`.
+    settings: names of `text_agents.SETTINGS`.
+    directory: where the logs and the key live.
+    window, max_steps, batch_size, max_new_tokens: as in `text_agents.evaluate`
+      (``batch_size`` is not in the key: it does not change greedy decoding's choices).
+  """
+  say = log or (lambda line: None)
+  key = dict(format=1, params=params_digest(model), vocab_size=int(tokenizer.vocab_size),
+             window=int(window), max_steps=int(max_steps), max_new_tokens=int(max_new_tokens),
+             tasks={split: [t.ident for t in ts] for split, ts in tasks.items()})
+  key_path = os.path.join(directory, "key.json")
+  os.makedirs(directory, exist_ok=True)
+  cached = None
+  if os.path.exists(key_path):
+    with open(key_path) as f:
+      cached = json.load(f)
+  if cached != key:
+    if cached is not None:
+      say(f"had study: {directory}: the model or the evaluation changed; evaluating again")
+    for name in os.listdir(directory):
+      if name.endswith(".jsonl"):
+        os.remove(os.path.join(directory, name))
+    tmp = key_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(key, f, indent=1)
+    os.replace(tmp, key_path)
+  out = {}
+  for setting in settings:
+    out[setting] = {}
+    for split, ts in tasks.items():
+      path = os.path.join(directory, f"{setting}-{split}.jsonl")
+      if not os.path.exists(path):
+        tmp = path + ".tmp"
+        text_agents.evaluate(model, tokenizer, ts, setting, window=window, max_steps=max_steps,
+                             batch_size=batch_size, max_new_tokens=max_new_tokens,
+                             log_path=tmp)
+        os.replace(tmp, path)
+      out[setting][split] = text_agents.traces_from_log(rollouts.read_log(path))
   return out
 
 

@@ -142,22 +142,29 @@ class StepData:
   Attributes:
     ids, attention_mask, response_mask: [N, T] each turn's `prompt + response + eos`, right
       padded; the response mask marks the response tokens (eos included).
-    teacher_logits: [N, T, V] the teacher's logits on the same rows ("full" KL), or None.
-    teacher_logprobs: [N, T] the teacher's log-probs of the row's tokens ("sampled" KL).
+    positions: [N, K] the positions whose logits predict a response token
+      (:func:`response_positions`; -1 pads): the only logits the loss reads, so the teacher's
+      scores are kept, and the student's computed, there alone.
+    teacher_logits: [N, K, V] the teacher's logits at `positions` ("full" KL), or None.
+    teacher_logprobs: [N, K] the teacher's log-probs of the predicted tokens ("sampled" KL).
     turn_weights: [N] SAGE-OPD's per-turn confidence (None for the other methods).
-    pairs: HAD's `had.ActionPairs` or None; differ, valid: [M] bool.
+    pairs: HAD's `had.ActionPairs` of the states whose two teacher answers differ (the only
+      ones the term reads) or None; differ, valid: [M] bool; pair_states: the number of
+      visited states, the preference term's denominator.
     stats: counts for the metrics (turns, tokens, unparsable teacher outputs, ...).
   """
 
   ids: np.ndarray
   attention_mask: np.ndarray
   response_mask: np.ndarray
+  positions: Any
   teacher_logits: Any
   teacher_logprobs: Any
   turn_weights: Any
   pairs: Any
   differ: Any
   valid: Any
+  pair_states: Any
   stats: dict
 
 
@@ -182,15 +189,83 @@ def _forward(graphdef, state, ids, mask):
   return nnx.merge(graphdef, state)(ids, attention_mask=mask)
 
 
-def teacher_scores(teacher, ids: np.ndarray, mask: np.ndarray, *, kl: str):
-  """The teacher's logits [N, T, V] (kl="full") or log-probs of the row tokens [N, T]
-  ("sampled"; entry t scores token t, 0 at t = 0) in one batched forward."""
-  graphdef, state = nnx.split(teacher)
-  logits = _forward(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))
+def response_positions(response_mask: np.ndarray, attention_mask: np.ndarray, *,
+                       multiple: int = 16) -> np.ndarray:
+  """[N, K] int32: each row's positions `t` whose logits predict a response token (token
+  `t + 1` is in the response and has a real predecessor), in order, padded with -1; `K` is the
+  longest row's count rounded up to ``multiple`` (few shapes to compile)."""
+  response = np.asarray(response_mask, bool)
+  attention = np.asarray(attention_mask, bool)
+  if response.shape != attention.shape or response.ndim != 2:
+    raise ValueError(f"response_mask, attention_mask: expected two [N, T] arrays, got "
+                     f"{response.shape} and {attention.shape}")
+  predicts = response[:, 1:] & attention[:, 1:] & attention[:, :-1]
+  counts = predicts.sum(axis=1)
+  k = _round_up(max(int(counts.max(initial=0)), 1), multiple)
+  out = np.full((response.shape[0], k), -1, np.int32)
+  for i, row in enumerate(predicts):
+    where = np.flatnonzero(row)
+    out[i, :len(where)] = where
+  return out
+
+
+def logits_at(model, ids, attention_mask, positions):
+  """The logits [N, K, V] at ``positions`` [N, K] (-1: padding, read as 0) of ``model``'s
+  forward over ``ids`` [N, T]: the hidden states of every position, the vocabulary projection
+  only of the gathered ones (exactly ``model(ids)[i, positions[i]]``)."""
+  hidden = model.hidden_states(ids, attention_mask)
+  index = jnp.maximum(jnp.asarray(positions), 0)
+  return model.logits(jnp.take_along_axis(hidden, index[..., None], axis=1))
+
+
+def _targets(ids, positions):
+  """The tokens [N, K] the logits at ``positions`` predict (token `t + 1`)."""
+  return jnp.take_along_axis(jnp.asarray(ids), jnp.maximum(jnp.asarray(positions), 0) + 1,
+                             axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "kl"))
+def _teacher_chunk(graphdef, state, ids, mask, positions, *, kl):
+  logits = logits_at(nnx.merge(graphdef, state), ids, mask, positions)
   if kl == "full":
-    return logits, None
-  lp = logprobs_lib.token_logprobs(logits[:, :-1], jnp.asarray(ids)[:, 1:])
-  return None, jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+    return logits
+  return logprobs_lib.token_logprobs(logits, _targets(ids, positions))
+
+
+def _chunk_size(rows: int, chunk: int | None) -> int:
+  if chunk is None:
+    return max(rows, 1)
+  if int(chunk) < 1:
+    raise ValueError(f"chunk: expected a positive number of rows or None, got {chunk!r}")
+  return max(1, min(int(chunk), rows))
+
+
+def teacher_scores(teacher, ids: np.ndarray, mask: np.ndarray, *, kl: str,
+                   positions: np.ndarray | None = None, chunk: int | None = None):
+  """The teacher's scores of the rows: `(logits, None)` for kl="full", `(None, logprobs)` for
+  "sampled".
+
+  Without ``positions``: logits [N, T, V] or the log-probs [N, T] of the row's tokens (entry t
+  scores token t, 0 at t = 0), in one forward. With ``positions`` [N, K]
+  (:func:`response_positions`): logits [N, K, V] or log-probs [N, K] of the predicted tokens
+  there only, ``chunk`` rows per forward (None: all at once), so memory grows with the
+  response tokens, not with the rows' length times the vocabulary.
+  """
+  if kl not in KL_FORMS:
+    raise ValueError(f"kl: expected one of {KL_FORMS}, got {kl!r}")
+  graphdef, state = nnx.split(teacher)
+  if positions is None:
+    logits = _forward(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))
+    if kl == "full":
+      return logits, None
+    lp = logprobs_lib.token_logprobs(logits[:, :-1], jnp.asarray(ids)[:, 1:])
+    return None, jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)
+  n = ids.shape[0]
+  c = _chunk_size(n, chunk)
+  parts = [_teacher_chunk(graphdef, state, jnp.asarray(ids[s:s + c]), jnp.asarray(mask[s:s + c]),
+                          jnp.asarray(positions[s:s + c]), kl=kl) for s in range(0, n, c)]
+  out = jnp.concatenate(parts, axis=0)
+  return (out, None) if kl == "full" else (None, out)
 
 
 def _turns_from_log(log_path: str, collector: TurnCollector) -> list[dict]:
@@ -269,7 +344,10 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
   ids = _pad_rows(data.ids, rows, tokenizer.pad_token_id or 0)
   attention = _pad_rows(data.attention_mask, rows, False)
   response = _pad_rows(data.loss_mask, rows, False)
-  t_logits, t_lp = teacher_scores(teacher, ids, attention, kl=kl)
+  positions = response_positions(response, attention)
+  chunk = cfg.get("chunk")
+  t_logits, t_lp = teacher_scores(teacher, ids, attention, kl=kl, positions=positions,
+                                  chunk=chunk)
   stats = dict(student_tokens=int(response.sum()), teacher_scored_tokens=int(attention.sum()))
   weights = None
   method = _method(cfg)
@@ -278,15 +356,17 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
     judged = [judge_context(t["context"], t["action"], t["observation"]) for t in turns]
     pairs = had.encode_action_pairs(tokenizer, judged, [t["reasoning"] for t in turns], actions,
                                     actions)
-    score = logprobs_lib.score_spans(teacher, jnp.asarray(pairs.ids[0::2]),
-                                     jnp.asarray(pairs.attention_mask[0::2]),
-                                     jnp.asarray(pairs.action_mask[0::2]))
-    conf = np.asarray(opd.sage_confidence(score.per_token, pairs.action_mask[0::2]))
+    j_ids, j_att, j_act = pairs.ids[0::2], pairs.attention_mask[0::2], pairs.action_mask[0::2]
+    c = _chunk_size(len(turns), chunk)
+    per_token = np.concatenate([np.asarray(logprobs_lib.score_spans(
+        teacher, jnp.asarray(j_ids[s:s + c]), jnp.asarray(j_att[s:s + c]),
+        jnp.asarray(j_act[s:s + c])).per_token) for s in range(0, len(turns), c)])
+    conf = np.asarray(opd.sage_confidence(per_token, j_act))
     conf = np.where([t["action"] is None for t in turns], 0.0, conf)
     weights = _pad_rows(conf.astype(np.float32), rows, 0.0)
     stats["teacher_scored_tokens"] += int(pairs.attention_mask[0::2].sum())
     stats["sage_confidence"] = float(conf.mean())
-  pairs = differ = valid = None
+  pairs = differ = valid = pair_states = None
   if method == "had":
     queries = teacher_generate or rollouts.LMGenerator(
         teacher, tokenizer, max_new_tokens=int(cfg.max_new_tokens), temperature=0.0,
@@ -296,15 +376,22 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
     n = len(turns)
     labels = had.preference_labels([o.text for o in outs[:n]], [o.text for o in outs[n:]],
                                    [t["context"].record for t in turns])
-    pairs = had.encode_action_pairs(tokenizer, contexts, [t["reasoning"] for t in turns],
-                                    labels.positive, labels.negative)
-    differ = labels.differ.copy()
     valid = np.ones(n, bool) if cfg.method == "no_validity_filter" else labels.valid.copy()
-    stats.update(teacher_unparsable=int(labels.unparsable.sum()), pairs_differ=int(differ.sum()),
-                 pairs_invalid=int((differ & ~labels.valid).sum()),
+    # Only the states whose answers differ can act (the term is exactly zero elsewhere), so
+    # only their pairs are encoded and scored; one inactive pair stands in when none differs.
+    keep = np.flatnonzero(labels.differ)
+    keep = keep if len(keep) else np.zeros(1, int)
+    pairs = had.encode_action_pairs(
+        tokenizer, [contexts[i] for i in keep], [turns[i]["reasoning"] for i in keep],
+        [labels.positive[i] for i in keep], [labels.negative[i] for i in keep])
+    stats.update(teacher_unparsable=int(labels.unparsable.sum()),
+                 pairs_differ=int(labels.differ.sum()),
+                 pairs_invalid=int((labels.differ & ~labels.valid).sum()),
                  teacher_query_tokens=int(sum(o.num_tokens + o.prompt_tokens for o in outs)))
+    differ, valid = labels.differ[keep].copy(), valid[keep]
+    pair_states = n
     # Static shapes: pairs padded to a power of two of states, length to the bucket.
-    m = _pow2(n)
+    m = _pow2(len(keep))
     t = _round_up(pairs.ids.shape[1], int(cfg.length_bucket))
     pad_cols = lambda x, v: np.pad(x, ((0, 0), (0, t - x.shape[1])), constant_values=v)  # noqa: E731
     pairs = had.ActionPairs(
@@ -313,40 +400,58 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
         _pad_rows(pad_cols(pairs.action_mask, False), 2 * m, False))
     differ, valid = _pad_rows(differ, m, False), _pad_rows(valid, m, False)
   return StepData(ids=ids, attention_mask=attention, response_mask=response,
-                  teacher_logits=t_logits, teacher_logprobs=t_lp, turn_weights=weights,
-                  pairs=pairs, differ=differ, valid=valid, stats=stats)
+                  positions=positions, teacher_logits=t_logits, teacher_logprobs=t_lp,
+                  turn_weights=weights, pairs=pairs, differ=differ, valid=valid,
+                  pair_states=pair_states, stats=stats)
 
 
 # -- the loss --------------------------------------------------------------------------------
 
 
+def _rd_terms(student, ids, attention_mask, response_mask, teacher_logits, teacher_logprobs,
+              positions, kl):
+  """(value, per_token, mask) over the predicting positions: the differentiable per-token
+  term, the KL estimate (no gradient) and where they count."""
+  if positions is None:
+    logits = student(ids, attention_mask=attention_mask)[:, :-1]
+    mask = (jnp.asarray(response_mask, bool)
+            & logprobs_lib.has_context(jnp.asarray(attention_mask)))[:, 1:]
+    targets = jnp.asarray(ids)[:, 1:]
+    t_logits = None if teacher_logits is None else teacher_logits[:, :-1]
+    t_lp = None if teacher_logprobs is None else teacher_logprobs[:, 1:]
+  else:
+    logits = logits_at(student, ids, attention_mask, positions)
+    mask = jnp.asarray(positions) >= 0
+    targets = _targets(ids, positions)
+    t_logits, t_lp = teacher_logits, teacher_logprobs
+  if kl == "full":
+    _, per_token = distill.reverse_kl_full(logits, t_logits, mask)
+    return per_token, per_token, mask
+  if kl == "sampled":
+    ls = logprobs_lib.token_logprobs(logits, targets)
+    per_token = jax.lax.stop_gradient(ls - t_lp)                # k1, the KL estimate
+    return -jax.lax.stop_gradient(t_lp - ls) * ls, per_token, mask   # its surrogate
+  raise ValueError(f"kl: expected one of {KL_FORMS}, got {kl!r}")
+
+
 def response_distillation(student, ids, attention_mask, response_mask, teacher_logits=None,
                           teacher_logprobs=None, turn_weights=None, *, weighting: str = "none",
-                          kl: str = "full", sopd_temperature: float = 1.0):
+                          kl: str = "full", sopd_temperature: float = 1.0, positions=None):
   """`L_RD`: the (weighted) reverse KL on the response tokens.
 
   Args:
     student: the student `CausalLM`.
     ids, attention_mask, response_mask: [N, T] (see :class:`StepData`).
-    teacher_logits: [N, T, V] (kl="full") or teacher_logprobs: [N, T] (kl="sampled").
+    teacher_logits: [N, T, V] (kl="full") or teacher_logprobs: [N, T] (kl="sampled"); with
+      ``positions`` [N, K], [N, K, V] or [N, K] at those positions (:func:`teacher_scores`).
     turn_weights: [N] per-turn weights for weighting="given" (SAGE-OPD).
     weighting: "none" (OPD, HAD), "given" (SAGE-OPD) or "sopd".
+    positions: [N, K] the predicting positions (:func:`response_positions`) or None (all).
   Returns:
     (loss, aux) with aux {"kl": the mean per-token KL estimate}.
   """
-  logits = student(ids, attention_mask=attention_mask)
-  mask = (jnp.asarray(response_mask, bool)
-          & logprobs_lib.has_context(jnp.asarray(attention_mask)))[:, 1:]
-  if kl == "full":
-    _, per_token = distill.reverse_kl_full(logits[:, :-1], teacher_logits[:, :-1], mask)
-    value = per_token
-  elif kl == "sampled":
-    ls = logprobs_lib.token_logprobs(logits[:, :-1], ids[:, 1:])
-    lt = teacher_logprobs[:, 1:]
-    per_token = jax.lax.stop_gradient(ls - lt)                 # k1, the KL estimate
-    value = -jax.lax.stop_gradient(lt - ls) * ls               # its surrogate
-  else:
-    raise ValueError(f"kl: expected one of {KL_FORMS}, got {kl!r}")
+  value, per_token, mask = _rd_terms(student, ids, attention_mask, response_mask,
+                                     teacher_logits, teacher_logprobs, positions, kl)
   if weighting == "none":
     weights = mask.astype(value.dtype)
   elif weighting == "given":
@@ -381,53 +486,144 @@ def loss_settings(cfg) -> dict:
   pref = {"had": "preference", "no_validity_filter": "preference",
           "no_negative_action": "positive_only"}.get(cfg.method)
   weighting = {"sage_opd": "given", "sopd": "sopd"}.get(method, "none")
+  chunk = cfg.get("chunk")
   return dict(weighting=weighting, kl=cfg.kl, sopd_temperature=float(cfg.sopd_temperature),
-              pref=pref, beta=float(cfg.beta))
+              pref=pref, beta=float(cfg.beta), chunk=None if chunk is None else int(chunk))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "weighting", "kl", "sopd_temperature",
-                                             "pref", "beta"))
+_RD_KEYS = ("ids", "attention_mask", "response_mask", "teacher_logits", "teacher_logprobs",
+            "positions")
+
+
+def _rd_inputs(arrays, s, c):
+  return {k: arrays[k][s:s + c] for k in _RD_KEYS if k in arrays}
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "kl"))
+def _rd_chunk(graphdef, params, rest, chunk, turn_scale, normalizer, *, kl):
+  """One row chunk's share of `L_RD` (per-turn scales and the token count of the whole batch
+  given), its gradient and its sum of per-token KL estimates."""
+  def f(p):
+    value, per_token, mask = _rd_terms(
+        nnx.merge(graphdef, p, rest), chunk["ids"], chunk["attention_mask"],
+        chunk["response_mask"], chunk.get("teacher_logits"), chunk.get("teacher_logprobs"),
+        chunk.get("positions"), kl)
+    m = mask.astype(value.dtype)
+    loss = jnp.sum(value * turn_scale.astype(value.dtype)[:, None] * m) / normalizer
+    return loss, jnp.sum(jnp.where(mask, jax.lax.stop_gradient(per_token), 0.0))
+
+  (loss, kl_sum), grads = jax.value_and_grad(f, has_aux=True)(params)
+  return loss, kl_sum, grads
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "kl"))
+def _rd_turn_kl(graphdef, params, rest, chunk, *, kl):
+  """Each row's summed per-token KL estimate [c] (SOPD's weights need the whole batch's)."""
+  _, per_token, mask = _rd_terms(
+      nnx.merge(graphdef, params, rest), chunk["ids"], chunk["attention_mask"],
+      chunk["response_mask"], chunk.get("teacher_logits"), chunk.get("teacher_logprobs"),
+      chunk.get("positions"), kl)
+  return jnp.sum(jnp.where(mask, per_token, 0.0), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "mode", "beta"))
+def _pref_chunk(graphdef, params, rest, ids, attention, action, differ, valid, states, *, mode,
+                beta):
+  """One chunk of pairs' share of `L_pref` (averaged over the batch's ``states``), its
+  gradient and its active pairs."""
+  def f(p):
+    loss, active = preference_term(nnx.merge(graphdef, p, rest), ids, attention, action, differ,
+                                   valid, mode=mode, beta=beta)
+    return loss * differ.shape[0] / states, active
+
+  (loss, active), grads = jax.value_and_grad(f, has_aux=True)(params)
+  return loss, active, grads
+
+
+def _add(a, b):
+  return b if a is None else jax.tree.map(jnp.add, a, b)
+
+
+def _predicting_mask(arrays) -> np.ndarray:
+  if "positions" in arrays:
+    return np.asarray(arrays["positions"]) >= 0
+  response = np.asarray(arrays["response_mask"], bool)
+  attention = np.asarray(arrays["attention_mask"], bool)
+  return response[:, 1:] & attention[:, 1:] & attention[:, :-1]
+
+
 def loss_and_grads(graphdef, params, rest, arrays, *, weighting, kl, sopd_temperature, pref,
-                   beta):
+                   beta, chunk: int | None = None):
   """`(grads, aux)`: `∇(L_RD + λ L_pref)` with HAD's gradient-norm `λ` (pref None: `∇L_RD`).
 
-  `arrays` holds only token ids, masks, teacher scores, per-turn weights and pairs (see
-  :class:`StepData`); nothing else can reach the loss.
+  `arrays` holds only token ids, masks, the predicting positions, teacher scores, per-turn
+  weights and pairs (see :class:`StepData`); nothing else can reach the loss. The rows (and
+  the pairs) go through the student ``chunk`` at a time (None: all at once) and the
+  gradients are summed: the same loss and gradient, with memory bounded by the chunk. Both
+  terms are normalized over the whole batch (`L_RD` by its response tokens after the per-turn
+  weights are renormalized over all turns, `L_pref` by its states), and `λ` is the ratio of the
+  two full gradients' norms. aux: ``rd``, ``pref``, ``lambda``, ``loss``, ``active_pairs`` and
+  ``kl`` (the mean per-token KL estimate).
   """
-  def rd_fn(p):
-    loss, _ = response_distillation(
-        nnx.merge(graphdef, p, rest), arrays["ids"], arrays["attention_mask"],
-        arrays["response_mask"], arrays.get("teacher_logits"), arrays.get("teacher_logprobs"),
-        arrays.get("turn_weights"), weighting=weighting, kl=kl,
-        sopd_temperature=sopd_temperature)
-    return loss
-
-  _, aux = response_distillation(
-      nnx.merge(graphdef, params, rest), arrays["ids"], arrays["attention_mask"],
-      arrays["response_mask"], arrays.get("teacher_logits"), arrays.get("teacher_logprobs"),
-      arrays.get("turn_weights"), weighting=weighting, kl=kl, sopd_temperature=sopd_temperature)
+  if weighting not in ("none", "given", "sopd"):
+    raise ValueError(f"weighting: expected none, given or sopd, got {weighting!r}")
+  if kl not in KL_FORMS:
+    raise ValueError(f"kl: expected one of {KL_FORMS}, got {kl!r}")
+  n = arrays["ids"].shape[0]
+  c = _chunk_size(n, chunk)
+  mask = _predicting_mask(arrays)
+  counts = mask.sum(axis=1).astype(np.float64)
+  total = float(counts.sum())
+  if weighting == "none":
+    u = np.ones(n)
+  elif weighting == "given":
+    u = np.asarray(arrays["turn_weights"], np.float64)
+  else:
+    sums = np.concatenate([np.asarray(_rd_turn_kl(graphdef, params, rest, _rd_inputs(arrays, s, c),
+                                                  kl=kl)) for s in range(0, n, c)])
+    u = np.asarray(opd.sopd_turn_weights(jnp.asarray(sums / np.maximum(counts, 1))[:, None],
+                                         jnp.ones((n, 1), bool), temperature=sopd_temperature),
+                   np.float64)
+  # opd.renormalize_turn_weights, over the whole batch: mean weight 1 over the response tokens.
+  weighted = float(np.sum(u * counts))
+  if weighting == "none":
+    scale = u
+  else:
+    scale = u * (total / weighted) if weighted > 0 else np.zeros(n)
+  normalizer = max(total, 1.0)
+  rd, kl_sum, g_rd = 0.0, 0.0, None
+  for s in range(0, n, c):
+    loss_c, kl_c, g_c = _rd_chunk(graphdef, params, rest, _rd_inputs(arrays, s, c),
+                                  jnp.asarray(scale[s:s + c]), normalizer, kl=kl)
+    rd, kl_sum, g_rd = rd + loss_c, kl_sum + kl_c, _add(g_rd, g_c)
+  aux = {"rd": rd, "kl": kl_sum / normalizer}
   if pref is None:
-    rd, g = jax.value_and_grad(rd_fn)(params)
-    return g, {"rd": rd, "pref": jnp.zeros_like(rd), "lambda": jnp.zeros_like(rd), "loss": rd,
-               "active_pairs": jnp.zeros((), jnp.int32), **aux}
-
-  def pref_fn(p):
-    loss, _ = preference_term(nnx.merge(graphdef, p, rest), arrays["pairs_ids"],
-                              arrays["pairs_attention"], arrays["pairs_action"],
-                              arrays["differ"], arrays["valid"], mode=pref, beta=beta)
-    return loss
-
-  grads, out = distill.balanced_gradient(rd_fn, pref_fn, params)
-  _, active = preference_term(nnx.merge(graphdef, params, rest), arrays["pairs_ids"],
-                              arrays["pairs_attention"], arrays["pairs_action"],
-                              arrays["differ"], arrays["valid"], mode=pref, beta=beta)
-  return grads, {**out, "active_pairs": active, **aux}
+    zero = jnp.zeros_like(rd)
+    return g_rd, {**aux, "pref": zero, "lambda": zero, "loss": rd,
+                  "active_pairs": jnp.zeros((), jnp.int32)}
+  m = arrays["differ"].shape[0]
+  states = float(arrays.get("pair_states", m))
+  cp = _chunk_size(m, chunk)
+  pref_loss, active, g_pref = 0.0, 0, None
+  for s in range(0, m, cp):
+    rows = slice(2 * s, 2 * (s + cp))
+    loss_c, active_c, g_c = _pref_chunk(
+        graphdef, params, rest, arrays["pairs_ids"][rows], arrays["pairs_attention"][rows],
+        arrays["pairs_action"][rows], arrays["differ"][s:s + cp], arrays["valid"][s:s + cp],
+        states, mode=pref, beta=beta)
+    pref_loss, active, g_pref = pref_loss + loss_c, active + active_c, _add(g_pref, g_c)
+  lam = distill.gradient_norm_ratio(g_rd, g_pref)
+  grads = jax.tree.map(lambda a, b: a + lam * b, g_rd, g_pref)
+  return grads, {**aux, "pref": pref_loss, "lambda": lam, "loss": rd + lam * pref_loss,
+                 "active_pairs": active}
 
 
 def loss_arrays(data: StepData) -> dict:
   """The loss's inputs from a :class:`StepData` (nothing else)."""
   arrays = dict(ids=data.ids, attention_mask=data.attention_mask,
                 response_mask=data.response_mask)
+  if data.positions is not None:
+    arrays["positions"] = data.positions
   if data.teacher_logits is not None:
     arrays["teacher_logits"] = data.teacher_logits
   if data.teacher_logprobs is not None:
@@ -436,7 +632,8 @@ def loss_arrays(data: StepData) -> dict:
     arrays["turn_weights"] = data.turn_weights
   if data.pairs is not None:
     arrays.update(pairs_ids=data.pairs.ids, pairs_attention=data.pairs.attention_mask,
-                  pairs_action=data.pairs.action_mask, differ=data.differ, valid=data.valid)
+                  pairs_action=data.pairs.action_mask, differ=data.differ, valid=data.valid,
+                  pair_states=np.asarray(data.pair_states, np.float32))
   return {k: jnp.asarray(v) for k, v in arrays.items()}
 
 
@@ -454,6 +651,9 @@ def check_config(cfg) -> None:
     v = cfg[name]
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
       raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
+  chunk = cfg.get("chunk")
+  if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+    raise ValueError(f"chunk: expected None or an int >= 1 (rows per forward), got {chunk!r}")
   if cfg.teacher_budget not in (1, 2):
     raise ValueError(f"teacher_budget: expected 1 or 2 (the paper's 'teacher budget x2'), got "
                      f"{cfg.teacher_budget!r}")
@@ -556,6 +756,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.max_prompt_tokens = ml_collections.FieldReference(None, field_type=int)
   c.temperature = 1.0
   c.length_bucket = 64
+  # Rows (turns, or preference pairs) per forward in the teacher's scoring and the loss; the
+  # gradients of the chunks are summed (the same update, memory bounded by the chunk).
+  c.chunk = 8
   c.seed = 0
   c.keep_rollout_logs = True
   c.train = loop_lib.default_config()

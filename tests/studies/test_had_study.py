@@ -97,3 +97,97 @@ def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
   assert "| had | 100, 0 | 50.0 [0, 100] | 100, 100 | 100.0 [100, 100] |" in text
   m = had_study.metrics({"runs": runs, "teacher": zero, "student": zero, "seeds": seeds})
   assert m["seeds"]["had"]["with_harness"]["seen"] == [[4, 4], [0, 4]]
+
+
+def _tiny_agent(directory, tok_dir, hidden, seed):
+  import shutil
+
+  from harnax import models
+  from harnax.models import tokenizer as tokenizer_lib
+
+  shutil.copytree(tok_dir, directory)
+  tok = tokenizer_lib.Tokenizer.from_dir(directory)
+  cfg = models.Qwen3Config.from_hf_dict({
+      "architectures": ["Qwen3ForCausalLM"], "vocab_size": tok.vocab_size, "hidden_size": hidden,
+      "intermediate_size": 2 * hidden, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 2048,
+      "tie_word_embeddings": True, "eos_token_id": tok.eos_token_id,
+      "pad_token_id": tok.pad_token_id})
+  models.save_pretrained(models.from_config(cfg, seed=seed), str(directory))
+  return str(directory)
+
+
+@pytest.mark.slow
+def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path, monkeypatch):
+  from harnax.models import tokenizer as tokenizer_lib
+  from harnax.policies import text_agent
+  from harnax.studies import text_agents
+  from harnax.train import distill_loop
+
+  tok_dir = tmp_path / "tok"
+  tokenizer_lib.train_tokenizer(
+      [text_agent.SYSTEM_PROMPT, "You arrive at cabinet 1. Your task is to: put a apple in "
+       "fridge.", "Think: I go there.\nAction: go to fridge 1"], str(tok_dir), vocab_size=400)
+  cfg = config_lib.get_config("opd,alfworld,micro")
+  cfg.teacher.checkpoint = _tiny_agent(tmp_path / "teacher", tok_dir, 32, 1)
+  cfg.student.checkpoint = _tiny_agent(tmp_path / "student", tok_dir, 16, 0)
+  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("opd",), (), ()
+  cfg.study.output_dir = str(tmp_path / "study")
+  ev = cfg.teacher.eval
+  ev.settings, ev.per_type, ev.max_steps, ev.max_new_tokens = ("with_harness",), 1, 2, 8
+  cfg.max_turns, cfg.max_new_tokens, cfg.train.num_steps = 2, 8, 1
+  first = had_study.run(cfg)
+  n_tasks = len(text_agents.eval_tasks(cfg.teacher)["seen"])
+  for who in ("teacher", "student"):
+    assert len(first[who]["with_harness"]["seen"]) == n_tasks
+  assert len(first["runs"]["opd"]["with_harness"]["unseen"]) == n_tasks
+  assert len(first["history"]["opd"]) == 1 and first["history"]["opd"][0]["step"] == 0
+  assert "| opd |" in had_study.render(cfg, first).replace("`", "")
+
+  # Run again: the finished run resumes at its last step and every evaluation is read back.
+  def no_more(*args, **kw):
+    raise AssertionError("evaluated or trained again")
+
+  with monkeypatch.context() as m:
+    m.setattr(text_agents, "evaluate", no_more)
+    m.setattr(distill_loop, "collect", no_more)
+    second = had_study.run(cfg)
+  assert had_study.metrics(second) == had_study.metrics(first)
+  assert had_study.render(cfg, second) == had_study.render(cfg, first)
+
+  # Another evaluation budget is another evaluation: the key differs, so it is redone.
+  calls = []
+  evaluate = text_agents.evaluate
+
+  def counted(*args, **kw):
+    calls.append(kw["max_steps"])
+    return evaluate(*args, **kw)
+
+  ev.max_steps = 3
+  with monkeypatch.context() as m:
+    m.setattr(text_agents, "evaluate", counted)
+    had_study.run(cfg)
+  assert calls == [3] * 6   # teacher, student, the run; seen and unseen
+
+
+def test_the_evaluation_key_is_the_weights_digest():
+  from flax import nnx
+  import jax
+
+  from harnax import models
+
+  cfg = models.Qwen3Config.from_hf_dict({
+      "architectures": ["Qwen3ForCausalLM"], "vocab_size": 64, "hidden_size": 16,
+      "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 64})
+  a, b, a2 = (models.from_config(cfg, seed=s) for s in (0, 1, 0))
+  assert had_study.params_digest(a) == had_study.params_digest(a2)
+  assert had_study.params_digest(a) != had_study.params_digest(b)
+  # One value moved by one ulp is another model.
+  graphdef, params, rest = nnx.split(a2, nnx.Param, ...)
+  leaves, treedef = jax.tree.flatten(params)
+  x = np.array(leaves[0])
+  x.flat[0] = np.nextafter(x.flat[0], np.float32(np.inf))
+  leaves[0] = jax.numpy.asarray(x)
+  moved = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves), rest)
+  assert had_study.params_digest(moved) != had_study.params_digest(a)

@@ -140,16 +140,18 @@ def _check_lambda(tok):
 
 class StubTeacher:
   """HAD's teacher queries answered by rule: with the harness, go to the fridge; without it,
-  look (`garbage`: no action at all, a malformed teacher)."""
+  look (`garbage`: no action at all, a malformed teacher; `first_only`: only the first state's
+  answers differ, the harness changes nothing later)."""
 
-  def __init__(self, garbage=False):
-    self.garbage = garbage
+  def __init__(self, garbage=False, first_only=False):
+    self.garbage, self.first_only = garbage, first_only
 
   def __call__(self, contexts):
-    out = []
+    out, harnessed = [], 0
     for c in contexts:
-      text = ("" if self.garbage else
-              "Think: x\nAction: " + ("go to fridge 1" if "<harness_state>" in c else "look"))
+      fridge = "<harness_state>" in c and not (self.first_only and harnessed)
+      harnessed += "<harness_state>" in c
+      text = "" if self.garbage else "Think: x\nAction: " + ("go to fridge 1" if fridge else "look")
       out.append(rollouts.Generated(text, 5, 10))
     return out
 
@@ -246,6 +248,26 @@ def test_malformed_teacher_outputs_are_counted_and_the_run_goes_on(setup, tmp_pa
 
 
 @pytest.mark.slow
+def test_only_the_states_whose_answers_differ_are_paired(setup, tmp_path):
+  tok, student, teacher, tasks = setup
+  cfg = _cfg("had")
+  turns, _ = distill_loop.collect(cfg, 0, student, tok, teacher, HarnessedGameMaker(max_steps=5),
+                                  tasks[:1], log_path=str(tmp_path / "log.jsonl"))
+  assert len(turns) == 2
+  prompt = rollouts.LMGenerator(student, tok, max_new_tokens=1).prompt
+  data = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt,
+                                      teacher_generate=StubTeacher(first_only=True))
+  assert data.stats["pairs_differ"] == 1 and data.stats["pairs_invalid"] == 0
+  # One pair (a positive and a negative row), averaged over both states.
+  assert data.pairs.ids.shape[0] == 2 and data.pair_states == 2
+  assert data.differ.tolist() == [True] and data.valid.tolist() == [True]
+  same = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt,
+                                      teacher_generate=StubTeacher(garbage=True))
+  # No state differs: one inactive pair stands in, so the shapes stay static.
+  assert same.stats["pairs_differ"] == 0 and same.differ.tolist() == [False]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["sage_opd"])
 def test_reward_and_success_never_reach_the_loss(setup, tmp_path, method):
   honest, r1 = _run(setup, tmp_path, method, workdir=tmp_path / "honest")
@@ -295,3 +317,96 @@ def test_bad_configs_are_named(setup, tmp_path):
   with pytest.raises(ValueError, match="tasks"):
     distill_loop.train(_cfg("opd"), student, tok, teacher, HarnessedGameMaker(), [],
                        workdir=str(tmp_path / "bad"))
+
+
+# -- memory: logits only where the loss reads them, rows in chunks ------------------------------
+
+
+def test_response_positions_by_hand():
+  response = np.array([[0, 0, 1, 1, 0], [0, 1, 1, 1, 1], [0, 0, 0, 0, 0]], bool)
+  attention = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], bool)
+  got = distill_loop.response_positions(response, attention, multiple=4)
+  # Position t predicts token t + 1: row 0's response tokens 2, 3 are predicted at 1, 2.
+  np.testing.assert_array_equal(got, [[1, 2, -1, -1], [0, 1, 2, 3], [-1, -1, -1, -1]])
+  with pytest.raises(ValueError, match="response_mask"):
+    distill_loop.response_positions(response[:, :4], attention)
+
+
+def _step_arrays(tok, rng, n=4, t=9, m=3, positions=True):
+  ids = rng.integers(3, tok.vocab_size, (n, t)).astype(np.int32)
+  attention = np.ones((n, t), bool)
+  attention[1, 7:] = False
+  response = np.zeros((n, t), bool)
+  response[:, 5:] = True
+  response[1, 7:] = False
+  response[3] = False                       # a row without response tokens (padding)
+  full = rng.normal(size=(n, t, tok.vocab_size))
+  pair_ids = rng.integers(3, tok.vocab_size, (2 * m, 8)).astype(np.int32)
+  action = np.zeros((2 * m, 8), bool)
+  action[:, 6:] = True
+  arrays = dict(ids=ids, attention_mask=attention, response_mask=response,
+                turn_weights=np.array([0.2, 0.7, 1.5, 0.0]), pairs_ids=pair_ids,
+                pairs_attention=np.ones((2 * m, 8), bool), pairs_action=action,
+                differ=np.array([True, True, False]), valid=np.array([True, False, True]),
+                pair_states=np.asarray(5.0))
+  if positions:
+    pos = distill_loop.response_positions(response, attention, multiple=4)
+    arrays["positions"] = pos
+    arrays["teacher_logits"] = np.take_along_axis(full, np.maximum(pos, 0)[..., None], axis=1)
+  else:
+    arrays["teacher_logits"] = full
+  return {k: jax.numpy.asarray(v) for k, v in arrays.items()}, full
+
+
+@pytest.mark.parametrize("weighting", ["none", "given", "sopd"])
+def test_logits_at_the_response_positions_give_the_full_loss(tok, weighting):
+  with jax.enable_x64(True):
+    student = _model(tok, 16, 0, jax.numpy.float64)
+    compact, full = _step_arrays(tok, np.random.default_rng(2))
+    kw = dict(weighting=weighting, sopd_temperature=0.5)
+    args = [compact[k] for k in ("ids", "attention_mask", "response_mask")]
+    want = nnx.jit(lambda m: distill_loop.response_distillation(
+        m, *args, jax.numpy.asarray(full), None, compact["turn_weights"], **kw))(student)
+    got = nnx.jit(lambda m: distill_loop.response_distillation(
+        m, *args, compact["teacher_logits"], None, compact["turn_weights"],
+        positions=compact["positions"], **kw))(student)
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-12)
+    np.testing.assert_allclose(float(got[1]["kl"]), float(want[1]["kl"]), rtol=1e-12)
+    # The teacher's scores at the positions are its full forward's rows there.
+    teacher = _model(tok, 32, 1, jax.numpy.float64)
+    ids, att, pos = (np.asarray(compact[k]) for k in ("ids", "attention_mask", "positions"))
+    whole, _ = distill_loop.teacher_scores(teacher, ids, att, kl="full")
+    parts, _ = distill_loop.teacher_scores(teacher, ids, att, kl="full", positions=pos, chunk=3)
+    gathered = np.take_along_axis(np.asarray(whole), np.maximum(pos, 0)[..., None], axis=1)
+    np.testing.assert_allclose(np.asarray(parts), gathered, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("weighting,pref", [("none", "preference"), ("given", None),
+                                            ("sopd", None), ("none", "positive_only")])
+def test_chunks_give_the_whole_batch_update(tok, weighting, pref):
+  with jax.enable_x64(True):
+    student = _model(tok, 16, 0, jax.numpy.float64)
+    graphdef, params, rest = nnx.split(student, nnx.Param, ...)
+    arrays, _ = _step_arrays(tok, np.random.default_rng(3))
+    kw = dict(weighting=weighting, kl="full", sopd_temperature=0.5, pref=pref, beta=1.0)
+    g1, a1 = distill_loop.loss_and_grads(graphdef, params, rest, arrays, chunk=None, **kw)
+    g3, a3 = distill_loop.loss_and_grads(graphdef, params, rest, arrays, chunk=3, **kw)
+    for k in a1:
+      np.testing.assert_allclose(float(a3[k]), float(a1[k]), rtol=1e-10, atol=1e-14)
+    for a, b in zip(jax.tree.leaves(g3), jax.tree.leaves(g1)):
+      np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14)
+    # The unchunked loss is response_distillation's and the preference term averaged over the
+    # visited states (pair_states), not over the pairs kept.
+    rd, _ = distill_loop.response_distillation(
+        student, arrays["ids"], arrays["attention_mask"], arrays["response_mask"],
+        arrays["teacher_logits"], None, arrays["turn_weights"], weighting=weighting,
+        sopd_temperature=0.5, positions=arrays["positions"])
+    np.testing.assert_allclose(float(a1["rd"]), float(rd), rtol=1e-12)
+    if pref == "preference":
+      p, active = distill_loop.preference_term(
+          student, arrays["pairs_ids"], arrays["pairs_attention"], arrays["pairs_action"],
+          arrays["differ"], arrays["valid"], mode=pref)
+      np.testing.assert_allclose(float(a1["pref"]), float(p) * 3 / 5, rtol=1e-12)
+      assert int(a1["active_pairs"]) == int(active) == 1
+    with pytest.raises(ValueError, match="chunk"):
+      distill_loop.loss_and_grads(graphdef, params, rest, arrays, chunk=0, **kw)
