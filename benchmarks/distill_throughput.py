@@ -86,6 +86,27 @@ def _child(size: str, threads: int, repeats: int) -> None:
     sec = _best(lambda: jax.block_until_ready(step()), repeats)
     out[f"{name}_step_s"] = sec
     out[f"{name}_student_tokens_per_s"] = int(response.sum()) / sec
+  # The pipeline's form: logits only at the positions that predict a response token, in
+  # chunks of rows (as build_step_data gives them), against the all-positions step above.
+  positions = distill_loop.response_positions(response, np.ones((n, t), bool))
+  at_logits, _ = distill_loop.teacher_scores(teacher, np.asarray(ids), np.ones((n, t), bool),
+                                             kl="full", positions=positions)
+  lean = dict(arrays, positions=jnp.asarray(positions), teacher_logits=at_logits)
+  full_grads, _ = distill_loop.loss_and_grads(graphdef, params, rest, arrays, weighting="none",
+                                              kl="full", sopd_temperature=1.0, pref=None,
+                                              beta=1.0)
+  for chunk in (None, 4):
+    step = functools.partial(distill_loop.loss_and_grads, graphdef, params, rest, lean,
+                             weighting="none", kl="full", sopd_temperature=1.0, pref=None,
+                             beta=1.0, chunk=chunk)
+    grads, _ = step()
+    out["positions_grad_diff"] = max(out.get("positions_grad_diff", 0.0), max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(full_grads))))
+    out[f"opd_positions_{chunk or 'all'}_s"] = _best(lambda: jax.block_until_ready(step()),
+                                                     repeats)
+  out["logits_bytes"] = int(np.prod(teacher_logits.shape)) * 4
+  out["positions_logits_bytes"] = int(np.prod(at_logits.shape)) * 4
 
   tg, ts = nnx.split(teacher)
 
@@ -160,6 +181,23 @@ def write_report(results: list[dict], loads: list[float]) -> None:
         f"{r['shared_tokens_per_s']:.0f} | {r['unshared_s'] / r['shared_s']:.2f}x | "
         f"{r['unshared_lean_s'] / r['shared_s']:.2f}x | {r['bound']:.2f}x | "
         f"{r['max_abs_diff']:.1e} |")
+  lines += ["", "The OPD step as the pipeline runs it: only the positions that predict a response "
+            "token projected onto the vocabulary (`response_positions`, `logits_at`; the "
+            "teacher's logits stored there only), all rows at once or 4 at a time "
+            "(`chunk`), against the step over every position above. *grad diff*: the largest "
+            "difference of the gradients from the all-positions step's.", "",
+            "| size | OPD step, all positions | response positions | ratio | response positions, "
+            "chunks of 4 | ratio | teacher logits stored: all / response positions | grad "
+            "diff |", "|---|---|---|---|---|---|---|---|"]
+  for r in results:
+    lines.append(
+        f"| {r['size']} | {children.ms(r['opd_step_s'])} | "
+        f"{children.ms(r['opd_positions_all_s'])} | "
+        f"{r['opd_step_s'] / r['opd_positions_all_s']:.2f}x | "
+        f"{children.ms(r['opd_positions_4_s'])} | "
+        f"{r['opd_step_s'] / r['opd_positions_4_s']:.2f}x | "
+        f"{r['logits_bytes'] / 2**20:.1f} MiB / {r['positions_logits_bytes'] / 2**20:.1f} MiB | "
+        f"{r['positions_grad_diff']:.1e} |")
   lines += ["", "Sharing the prefix of the two queries of a state computes `prefix + 2·action` "
             "tokens through the layers instead of `2·(prefix + action)`, so against a forward "
             "that projects only the action positions onto the vocabulary (*unshared, action "
