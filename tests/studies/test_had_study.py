@@ -104,16 +104,11 @@ def _tiny_agent(directory, tok_dir, hidden, seed):
 
   from harnax import models
   from harnax.models import tokenizer as tokenizer_lib
+  from tests.train import tiny
 
   shutil.copytree(tok_dir, directory)
   tok = tokenizer_lib.Tokenizer.from_dir(directory)
-  cfg = models.Qwen3Config.from_hf_dict({
-      "architectures": ["Qwen3ForCausalLM"], "vocab_size": tok.vocab_size, "hidden_size": hidden,
-      "intermediate_size": 2 * hidden, "num_hidden_layers": 1, "num_attention_heads": 2,
-      "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 2048,
-      "tie_word_embeddings": True, "eos_token_id": tok.eos_token_id,
-      "pad_token_id": tok.pad_token_id})
-  models.save_pretrained(models.from_config(cfg, seed=seed), str(directory))
+  models.save_pretrained(tiny.tiny_qwen3(tok, hidden, seed), str(directory))
   return str(directory)
 
 

@@ -19,6 +19,7 @@ from harnax.policies import text_agent
 from harnax.studies.text_agents import HarnessedGameMaker
 from harnax.train import distill_loop
 from harnax.train import rollouts
+from tests.train import tiny
 
 TEXTS = ["You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a "
          "countertop 1, a fridge 1 and a shelf 1.\nYour task is to: put a apple in fridge.",
@@ -27,14 +28,7 @@ TEXTS = ["You are in the middle of a room. Looking quickly around you, you see a
          "Think: I go there.\nAction: go to fridge 1", "take apple 1 from countertop 1"]
 
 
-def _model(tok, hidden, seed, dtype=jax.numpy.float32):
-  cfg = models.Qwen3Config.from_hf_dict({
-      "architectures": ["Qwen3ForCausalLM"], "vocab_size": tok.vocab_size, "hidden_size": hidden,
-      "intermediate_size": 2 * hidden, "num_hidden_layers": 1, "num_attention_heads": 2,
-      "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 2048,
-      "tie_word_embeddings": True, "eos_token_id": tok.eos_token_id,
-      "pad_token_id": tok.pad_token_id})
-  return models.from_config(cfg, seed=seed, param_dtype=dtype)
+_model = tiny.tiny_qwen3
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +198,16 @@ def _run(setup, tmp_path, method, *, teacher_generate=None, make_game=None, max_
                             teacher_tokenizer=tok)
 
 
+def _two_turns(setup, tmp_path, method):
+  """`(cfg, turns, prompt)`: a 2-turn student rollout of one task and the student's prompt."""
+  tok, student, teacher, tasks = setup
+  cfg = _cfg(method)
+  turns, _ = distill_loop.collect(cfg, 0, student, tok, teacher, HarnessedGameMaker(max_steps=5),
+                                  tasks[:1], log_path=str(tmp_path / "log.jsonl"))
+  assert len(turns) == 2
+  return cfg, turns, rollouts.LMGenerator(student, tok, max_new_tokens=1).prompt
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", distill_loop.ALL_METHODS)
 def test_micro_update_of_every_method(setup, tmp_path, method):
@@ -249,12 +253,8 @@ def test_malformed_teacher_outputs_are_counted_and_the_run_goes_on(setup, tmp_pa
 
 @pytest.mark.slow
 def test_only_the_states_whose_answers_differ_are_paired(setup, tmp_path):
-  tok, student, teacher, tasks = setup
-  cfg = _cfg("had")
-  turns, _ = distill_loop.collect(cfg, 0, student, tok, teacher, HarnessedGameMaker(max_steps=5),
-                                  tasks[:1], log_path=str(tmp_path / "log.jsonl"))
-  assert len(turns) == 2
-  prompt = rollouts.LMGenerator(student, tok, max_new_tokens=1).prompt
+  tok, _, teacher, _ = setup
+  cfg, turns, prompt = _two_turns(setup, tmp_path, "had")
   data = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt,
                                       teacher_generate=StubTeacher(first_only=True))
   assert data.stats["pairs_differ"] == 1 and data.stats["pairs_invalid"] == 0
@@ -289,12 +289,8 @@ def test_reward_and_success_never_reach_the_loss(setup, tmp_path, method):
 
 @pytest.mark.slow
 def test_a_turn_rows_do_not_depend_on_later_turns(setup, tmp_path):
-  tok, student, teacher, tasks = setup
-  cfg = _cfg("sage_opd")
-  turns, _ = distill_loop.collect(cfg, 0, student, tok, teacher, HarnessedGameMaker(max_steps=5),
-                                  tasks[:1], log_path=str(tmp_path / "log.jsonl"))
-  assert len(turns) == 2
-  prompt = rollouts.LMGenerator(student, tok, max_new_tokens=1).prompt
+  tok, _, teacher, _ = setup
+  cfg, turns, prompt = _two_turns(setup, tmp_path, "sage_opd")
   full = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt)
   first = distill_loop.build_step_data(cfg, turns[:1], tok, teacher, prompt=prompt)
   np.testing.assert_array_equal(full.ids[0], first.ids[0])
