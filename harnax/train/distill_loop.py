@@ -372,7 +372,11 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
         teacher, tokenizer, max_new_tokens=int(cfg.max_new_tokens), temperature=0.0,
         max_prompt_tokens=cfg.get("max_prompt_tokens"))
     contexts = [str(t["context"]) for t in turns]
-    outs = queries(contexts + [t["context"].bare for t in turns])
+    asked = contexts + [t["context"].bare for t in turns]
+    # In batches: a prefill's attention holds [rows, heads, T, T] scores, so 2 x 71 queries
+    # of ~1.5 k tokens at once took > 20 GB (rows padded to 256, T to 2048).
+    qb = cfg.get("query_batch") or len(asked)
+    outs = [o for s in range(0, len(asked), qb) for o in queries(asked[s:s + qb])]
     n = len(turns)
     labels = had.preference_labels([o.text for o in outs[:n]], [o.text for o in outs[n:]],
                                    [t["context"].record for t in turns])
@@ -654,6 +658,10 @@ def check_config(cfg) -> None:
   chunk = cfg.get("chunk")
   if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
     raise ValueError(f"chunk: expected None or an int >= 1 (rows per forward), got {chunk!r}")
+  qb = cfg.get("query_batch")
+  if qb is not None and (isinstance(qb, bool) or not isinstance(qb, int) or qb < 1):
+    raise ValueError(f"query_batch: expected None or an int >= 1 (HAD's teacher queries per "
+                     f"generation call), got {qb!r}")
   if cfg.teacher_budget not in (1, 2):
     raise ValueError(f"teacher_budget: expected 1 or 2 (the paper's 'teacher budget x2'), got "
                      f"{cfg.teacher_budget!r}")
@@ -759,6 +767,8 @@ def default_config() -> ml_collections.ConfigDict:
   # Rows (turns, or preference pairs) per forward in the teacher's scoring and the loss; the
   # gradients of the chunks are summed (the same update, memory bounded by the chunk).
   c.chunk = 8
+  # HAD's teacher queries (two per visited state) generated this many at a time (None: all).
+  c.query_batch = 32
   c.seed = 0
   c.keep_rollout_logs = True
   c.train = loop_lib.default_config()

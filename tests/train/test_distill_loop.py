@@ -261,6 +261,14 @@ def test_only_the_states_whose_answers_differ_are_paired(setup, tmp_path):
   # One pair (a positive and a negative row), averaged over both states.
   assert data.pairs.ids.shape[0] == 2 and data.pair_states == 2
   assert data.differ.tolist() == [True] and data.valid.tolist() == [True]
+  # The queries go to the teacher `query_batch` at a time, with the same labels.
+  calls = []
+  counting = lambda contexts: calls.append(len(contexts)) or StubTeacher(first_only=True)(  # noqa: E731
+      contexts)
+  cfg.query_batch = 3
+  again = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt,
+                                       teacher_generate=counting)
+  assert calls == [3, 1] and again.stats == data.stats
   same = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt,
                                       teacher_generate=StubTeacher(garbage=True))
   # No state differs: one inactive pair stands in, so the shapes stay static.
@@ -302,7 +310,8 @@ def test_bad_configs_are_named(setup, tmp_path):
   tok, student, teacher, tasks = setup
   for field, value, match in (("method", "dpo", "method"), ("kl", "forward", "kl"),
                               ("teacher_budget", 3, "teacher_budget"),
-                              ("max_turns", 0, "max_turns")):
+                              ("max_turns", 0, "max_turns"), ("query_batch", 0, "query_batch"),
+                              ("chunk", 0, "chunk")):
     cfg = _cfg("opd")
     cfg[field] = value
     with pytest.raises(ValueError, match=match):
