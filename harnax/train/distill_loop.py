@@ -184,6 +184,17 @@ def _pow2(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
 
 
+def padded_rows(n: int, chunk: int | None) -> int:
+  """Rows that ``n`` turns (or pairs) are padded to, so that the jitted forwards see few
+  shapes: a power of two up to one chunk (all rows at once when ``chunk`` is None), else the
+  next multiple of ``chunk``, every chunk then ``chunk`` rows (71 turns in chunks of 8: 72
+  rows, not 128)."""
+  if n < 1:
+    raise ValueError(f"n: expected at least one row, got {n}")
+  p = _pow2(n)
+  return p if chunk is None or p <= int(chunk) else _round_up(n, int(chunk))
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _forward(graphdef, state, ids, mask):
   return nnx.merge(graphdef, state)(ids, attention_mask=mask)
@@ -340,12 +351,12 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
                      "max_prompt_tokens or window")
   length = min(length, limit)
   data = sft.encode_examples(tokenizer, prompts, [t["output"] for t in turns], length=length)
-  rows = _pow2(len(turns))
+  chunk = cfg.get("chunk")
+  rows = padded_rows(len(turns), chunk)
   ids = _pad_rows(data.ids, rows, tokenizer.pad_token_id or 0)
   attention = _pad_rows(data.attention_mask, rows, False)
   response = _pad_rows(data.loss_mask, rows, False)
   positions = response_positions(response, attention)
-  chunk = cfg.get("chunk")
   t_logits, t_lp = teacher_scores(teacher, ids, attention, kl=kl, positions=positions,
                                   chunk=chunk)
   stats = dict(student_tokens=int(response.sum()), teacher_scored_tokens=int(attention.sum()))
@@ -356,12 +367,15 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
     judged = [judge_context(t["context"], t["action"], t["observation"]) for t in turns]
     pairs = had.encode_action_pairs(tokenizer, judged, [t["reasoning"] for t in turns], actions,
                                     actions)
-    j_ids, j_att, j_act = pairs.ids[0::2], pairs.attention_mask[0::2], pairs.action_mask[0::2]
-    c = _chunk_size(len(turns), chunk)
+    # Padded like the turn rows, so every chunk has one shape; the padding rows are cut off.
+    j_ids = _pad_rows(pairs.ids[0::2], rows, tokenizer.pad_token_id or 0)
+    j_att = _pad_rows(pairs.attention_mask[0::2], rows, False)
+    j_act = _pad_rows(pairs.action_mask[0::2], rows, False)
+    c = _chunk_size(rows, chunk)
     per_token = np.concatenate([np.asarray(logprobs_lib.score_spans(
         teacher, jnp.asarray(j_ids[s:s + c]), jnp.asarray(j_att[s:s + c]),
-        jnp.asarray(j_act[s:s + c])).per_token) for s in range(0, len(turns), c)])
-    conf = np.asarray(opd.sage_confidence(per_token, j_act))
+        jnp.asarray(j_act[s:s + c])).per_token) for s in range(0, rows, c)])
+    conf = np.asarray(opd.sage_confidence(per_token, j_act))[:len(turns)]
     conf = np.where([t["action"] is None for t in turns], 0.0, conf)
     weights = _pad_rows(conf.astype(np.float32), rows, 0.0)
     stats["teacher_scored_tokens"] += int(pairs.attention_mask[0::2].sum())
@@ -394,8 +408,8 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
                  teacher_query_tokens=int(sum(o.num_tokens + o.prompt_tokens for o in outs)))
     differ, valid = labels.differ[keep].copy(), valid[keep]
     pair_states = n
-    # Static shapes: pairs padded to a power of two of states, length to the bucket.
-    m = _pow2(len(keep))
+    # Static shapes: pairs padded like the turn rows (padded_rows), length to the bucket.
+    m = padded_rows(len(keep), chunk)
     t = _round_up(pairs.ids.shape[1], int(cfg.length_bucket))
     pad_cols = lambda x, v: np.pad(x, ((0, 0), (0, t - x.shape[1])), constant_values=v)  # noqa: E731
     pairs = had.ActionPairs(

@@ -306,6 +306,31 @@ def test_a_turn_rows_do_not_depend_on_later_turns(setup, tmp_path):
   np.testing.assert_allclose(full.turn_weights[0], first.turn_weights[0], rtol=1e-5)
 
 
+def test_padded_rows_by_hand():
+  pr = distill_loop.padded_rows
+  assert [pr(n, 8) for n in (1, 3, 5, 8, 9, 17, 71)] == [1, 4, 8, 8, 16, 24, 72]
+  assert pr(71, None) == 128 and pr(5, 6) == 6 and pr(7, 3) == 9
+  with pytest.raises(ValueError, match="n"):
+    pr(0, 8)
+
+
+@pytest.mark.slow
+def test_rows_padded_to_the_chunk_score_as_a_power_of_two(setup, tmp_path):
+  tok, _, teacher, _ = setup
+  cfg, turns, prompt = _two_turns(setup, tmp_path, "sage_opd")
+  turns = turns * 2 + turns[:1]                 # 5 turns
+  cfg.chunk = None
+  whole = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt)
+  cfg.chunk = 2
+  chunked = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt)
+  assert whole.ids.shape[0] == 8 and chunked.ids.shape[0] == 6
+  np.testing.assert_array_equal(whole.ids[:6], chunked.ids)
+  np.testing.assert_allclose(whole.turn_weights[:6], chunked.turn_weights, rtol=1e-5)
+  np.testing.assert_allclose(whole.teacher_logits[:6], chunked.teacher_logits, rtol=1e-5,
+                             atol=1e-5)
+  assert chunked.turn_weights[5] == 0
+
+
 def test_bad_configs_are_named(setup, tmp_path):
   tok, student, teacher, tasks = setup
   for field, value, match in (("method", "dpo", "method"), ("kl", "forward", "kl"),
