@@ -98,6 +98,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   # Loss weight of a prompt token relative to an output token (train_sft): predicting the
   # record from the observations copies the same names the actions copy.
   config.sft.prompt_weight = 0.2
+  if game == "scienceworld":
+    # Its walkthroughs are fewer and shorter (3,778 examples from 182 seen tasks, against ~9,000
+    # for ALFWorld's 144 with the relabeled copies): 1,200 steps are ~5 passes, as ALFWorld's
+    # 3,000 are, and fit a 2-core CPU.
+    config.sft.num_steps = 1200
 
   # Relabeled copies of every walkthrough turn (ALFWorld; text_agents.relabel_instances): each
   # class's instance numbers renamed at random, consistently within the turn, so that the number
@@ -118,9 +123,11 @@ def get_config(variant: str = "teacher") -> ml_collections.ConfigDict:
   config.augment.rejections = 0.0
   # With this probability an expert turn is also an example in the context without the harness
   # (text_agents.walkthroughs' `bare`): the expert's action after a thought that cites no
-  # record. Off in the agents evaluated with the harness; "had_teacher" uses it, so that HAD's
-  # without-harness query to the teacher gets an action (docs/had.md).
-  config.augment.bare = 0.0
+  # record. Off in the ALFWorld agents evaluated with the harness; "had_teacher" uses it, so
+  # that HAD's without-harness query to the teacher gets an action (docs/had.md). On
+  # ScienceWorld the teacher and the student are built on one prepared data set (one
+  # tokenizer), HAD's pair from the start, so both builds have it.
+  config.augment.bare = 0.5 if game == "scienceworld" else 0.0
 
   # DAgger rounds after the first SFT (ALFWorld): the model plays the training tasks, the expert
   # labels every state it reaches, and SFT goes on over all examples so far.

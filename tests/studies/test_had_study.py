@@ -6,6 +6,7 @@ import pytest
 
 from configs import distill as config_lib
 from harnax.studies import had_study
+from harnax.studies import text_agents
 from harnax.studies import text_metrics
 
 
@@ -25,6 +26,10 @@ def test_variants_set_method_game_budget_and_size():
   c = config_lib.get_config("sopd,scienceworld,budget2")
   assert (c.method, c.game, c.teacher_budget) == ("sopd", "scienceworld", 2)
   assert c.teacher.game == "scienceworld" and c.workdir.endswith("scienceworld-sopd-budget2")
+  # The ScienceWorld pair is built on one prepared data set (one tokenizer), bare turns
+  # included, so that HAD's query without the harness gets an action from the teacher.
+  assert all(c.teacher[k] == c.student[k] for k in text_agents.DATA_FIELDS)
+  assert c.teacher.augment.bare > 0 and c.teacher.model != c.student.model
   m = config_lib.get_config("had,micro")
   assert m.game == "alfworld" and m.train.num_steps == 2 and m.teacher_dir != m.student_dir
   w = config_lib.get_config("opd,micro_teacher,budget2")
