@@ -11,9 +11,9 @@ eleventh build fine-tuned to answer also without the harness; 66.7 % / 61.1 % of
 seen / unseen tasks with the harness), "teacher_cpu" (the tenth build: 1.1 M parameters, 144
 tasks, 107 minutes on a 2-core CPU, 27.8 % of seen tasks), "student" (on ALFWorld the tenth
 build's model on the teacher's data: 1.1 M parameters, 55.6 % of seen tasks; on ScienceWorld
-a smaller model on the teacher's prepared data, a third of its SFT steps), "micro" (a tiny build for tests of the mechanics),
-"micro_teacher" (the smallest build that wins games: the seen bathroom tasks it trained on,
-checked in CI); append ",scienceworld" for ScienceWorld
+a smaller model on the teacher's prepared data, a third of its SFT steps), "micro" (a tiny
+build for tests of the mechanics), "micro_teacher" (the smallest build that wins games: the
+seen bathroom tasks it trained on, checked in CI); append ",scienceworld" for ScienceWorld
 (`--config=configs/text_agents.py:teacher,scienceworld`): its short-gold-path tasks, gold
 paths as walkthroughs. docs/text_agents.md gives every build's numbers.
 """
