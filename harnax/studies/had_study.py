@@ -243,7 +243,21 @@ def render(cfg, result: dict) -> str:
     rows.append([s, _pct(text_metrics.success(by.get("seen", []))),
                  _pct(text_metrics.success(by.get("unseen", []))), _paper(p.get("seen")),
                  _paper(p.get("unseen"))])
-  lines += [markdown_table(header, rows), "", "## How each model acts through the harness", ""]
+  lines += [markdown_table(header, rows), ""]
+  # Every model with one part of the harness hidden: the paper reports HAD only; the teacher,
+  # the student before distillation and the baselines show which part each one relies on.
+  hidden = [s for s in ("state_tracking_hidden", "action_monitoring_hidden")
+            if s in cfg.teacher.eval.settings]
+  if hidden:
+    lines += ["## Every model with part of the harness hidden", ""]
+    header = ["model"] + [f"{s} / {split}" for s in hidden for split in ("seen", "unseen")]
+    rows = [[name] + [_pct(text_metrics.success(by.get(s, {}).get(split, [])))
+                      for s in hidden for split in ("seen", "unseen")]
+            for name, by in everyone.items()]
+    rows.append(["paper: HAD"] + [_paper(PAPER["settings"][s][split])
+                                  for s in hidden for split in ("seen", "unseen")])
+    lines += [markdown_table(header, rows), ""]
+  lines += ["## How each model acts through the harness", ""]
   header = ["model", "harness utilization", "stall prevention", "stall escape (5 turns)"]
   rows = [[name] + [_pct(_summary(by)[k]) for k in ("harness_utilization", "stall_prevention",
                                                     "stall_escape")]

@@ -70,6 +70,10 @@ def test_report_shows_ours_with_intervals_beside_the_paper():
   assert "| no_preference | 0.0 [0, 32] (0/8) | 43.5 |" in text
   assert "| opd_budget2 | 50.0 [22, 78] (4/8) | 46.7 |" in text
   assert "does not reproduce" not in text
+  # Every model with part of the harness hidden, the paper's HAD beside them.
+  assert ("| opd | 0.0 [0, 66] (0/2) | 50.0 [9, 91] (1/2) | 0.0 [0, 66] (0/2) "
+          "| 50.0 [9, 91] (1/2) |") in text
+  assert "| paper: HAD | 40.7 | 37.3 | 45.0 | 56.0 |" in text
   m = had_study.metrics(result)
   assert m["had/with_harness/seen"]["success"] == {"successes": 1, "trials": 2}
 
@@ -84,6 +88,9 @@ def test_report_says_plainly_when_nothing_is_won():
   won = _by([True], [False], cfg)
   text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
   assert "The teacher wins 4 of its evaluation games" in text
+  cfg.teacher.eval.settings = ("with_harness", "harness_removed")
+  text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
+  assert "part of the harness hidden" not in text      # no such setting evaluated
 
 
 def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
