@@ -296,6 +296,19 @@ def test_reward_and_success_never_reach_the_loss(setup, tmp_path, method):
 
 
 @pytest.mark.slow
+def test_no_preference_is_opd_to_the_bit(setup, tmp_path):
+  # The ablation removes the preference term and nothing else: with one seed it must make
+  # OPD's rollouts and OPD's update (the paper reports 43.5 % for both).
+  opd, r1 = _run(setup, tmp_path, "opd")
+  ablated, r2 = _run(setup, tmp_path, "no_preference")
+  for a, b in zip(jax.tree.leaves(nnx.state(opd, nnx.Param)),
+                  jax.tree.leaves(nnx.state(ablated, nnx.Param))):
+    np.testing.assert_array_equal(a, b)
+  drop = lambda r: {k: v for k, v in r.items() if k != "step_time"}  # noqa: E731
+  assert drop(r1.history[0]) == drop(r2.history[0]) and r1.history[0]["grad_norm"] > 0
+
+
+@pytest.mark.slow
 def test_a_turn_rows_do_not_depend_on_later_turns(setup, tmp_path):
   tok, _, teacher, _ = setup
   cfg, turns, prompt = _two_turns(setup, tmp_path, "sage_opd")
