@@ -57,3 +57,53 @@ def test_crashed_workers_are_replaced_without_a_hang_and_their_test_rerun_once(t
   for name in ("a.py::test_a1", "a.py::test_a2", "b.py::test_b1", "b.py::test_b2_crashes_once",
                "b.py::test_b3", "d.py::test_d1", "e.py::test_e1", "e.py::test_e2"):
     assert f"PASSED suite/test_{name}" in out, out
+
+
+class _Worker:
+  """What the scheduler reads of a worker: tests sent, shutdown asked."""
+
+  def __init__(self, name):
+    self.name, self.sent, self.shutting_down = name, [], False
+    self.gateway = type("Gateway", (), {"id": name})()
+
+  def send_runtest_some(self, indices):
+    self.sent += indices
+
+  def shutdown(self):
+    self.shutting_down = True
+
+  def __repr__(self):
+    return self.name
+
+
+def test_both_workers_crashing_and_one_replacement_collecting_first():
+  # The race seen in a full run: gw0 and gw1 die, gw2 finishes collecting while gw3 is still
+  # collecting, and rescheduling every node must not index gw3's missing collection.
+  import collections
+  import types
+
+  from xdist_crash_retry import CrashSafeLoadScope
+  sched = CrashSafeLoadScope.__new__(CrashSafeLoadScope)   # no pytest config needed
+  sched.numnodes, sched.collection, sched.workqueue = 2, None, collections.OrderedDict()
+  sched.assigned_work, sched.registered_collections = {}, {}
+  sched.log = lambda *a: None
+  sched.config = types.SimpleNamespace(option=types.SimpleNamespace(loadscopereorder=True))
+  tests = [f"test_{m}.py::test_{i}" for m in "abc" for i in range(2)]
+  gw = [_Worker(f"gw{i}") for i in range(4)]
+  for w in gw[:2]:
+    sched.add_node(w)
+    sched.add_node_collection(w, tests)
+  sched.schedule()
+  assert gw[0].sent and gw[1].sent
+  sched.remove_node(gw[0])
+  sched.remove_node(gw[1])
+  for w in gw[2:]:
+    sched.add_node(w)
+  sched.add_node_collection(gw[2], tests)
+  sched.schedule()                         # gw3 has not collected yet
+  assert gw[2].sent and not gw[3].sent and not gw[3].shutting_down
+  sched.add_node_collection(gw[3], tests)
+  sched.schedule()
+  assert gw[3].sent or gw[3].shutting_down
+  handed = [tests[i] for w in gw[2:] for i in w.sent]
+  assert sorted(set(handed)) == sorted(tests) and len(handed) == len(tests)

@@ -70,7 +70,10 @@ if LoadScopeScheduling is not None:
         return
 
     def _reschedule(self, node):
-      if node.shutting_down:
+      # A replacement worker still collecting has nothing to index its tests by yet; when both
+      # workers crash, one replacement finishes collecting (and reschedules every node) first.
+      # It is scheduled once its own collection arrives.
+      if node.shutting_down or node not in self.registered_collections:
         return
       # More than two tests in hand, or no more to give: a worker with one test and no word
       # of what follows waits forever.
