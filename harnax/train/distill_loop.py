@@ -381,8 +381,9 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
     stats["teacher_scored_tokens"] += int(pairs.attention_mask[0::2].sum())
     stats["sage_confidence"] = float(conf.mean())
   pairs = differ = valid = pair_states = None
-  # no_preference reads no pair: its teacher is not asked (the run is OPD's, to the bit).
-  if method == "had" and cfg.method != "no_preference":
+  # The teacher is asked for pairs only where the loss reads them (no_preference does not: its
+  # run is OPD's, to the bit).
+  if loss_settings(cfg)["pref"] is not None:
     queries = teacher_generate or rollouts.LMGenerator(
         teacher, tokenizer, max_new_tokens=int(cfg.max_new_tokens), temperature=0.0,
         max_prompt_tokens=cfg.get("max_prompt_tokens"))
