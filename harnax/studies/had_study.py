@@ -54,6 +54,36 @@ PAPER = {
 }
 
 
+def check_study(cfg) -> None:
+  """Raises ValueError naming the field when the study's lists are not what `run` reads:
+  checked before anything is built, trained or evaluated (a misspelled setting used to surface
+  only at the first evaluation, after the teacher was built)."""
+  from harnax.train import distill_loop
+
+  def names(field, value, allowed):
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+      raise ValueError(f"{field}: expected a tuple of names from {allowed}, got {value!r}")
+    bad = [v for v in value if v not in allowed]
+    if bad:
+      raise ValueError(f"{field}: expected names from {allowed}, got {tuple(bad)!r}")
+
+  names("study.methods", cfg.study.methods, distill_loop.METHODS)
+  names("study.ablations", cfg.study.ablations, distill_loop.ABLATIONS)
+  names("study.budget2", cfg.study.budget2, distill_loop.METHODS)
+  settings = cfg.teacher.eval.settings
+  names("teacher.eval.settings", settings, tuple(text_agents.SETTINGS))
+  if "with_harness" not in settings:
+    raise ValueError(f"teacher.eval.settings: expected 'with_harness' among them (every table "
+                     f"reads it), got {tuple(settings)!r}")
+  seeds = cfg.study.seeds
+  if (isinstance(seeds, (str, int)) or not len(seeds)
+      or not all(isinstance(v, int) and not isinstance(v, bool) for v in seeds)):
+    raise ValueError(f"study.seeds: expected a non-empty tuple of ints, got {seeds!r}")
+  if not run_names(cfg):
+    raise ValueError("study: expected at least one run (study.methods, study.ablations and "
+                     "study.budget2 are all empty)")
+
+
 def run_names(cfg) -> list[tuple[str, str, int]]:
   """`(name, method, teacher_budget)` of every run: methods, ablations, budget-x2 controls."""
   out = [(m, m, 1) for m in cfg.study.methods]
@@ -68,6 +98,7 @@ def run(cfg, *, log: Log | None = None) -> dict:
   seed]}}``."""
   from harnax.train import distill_loop
 
+  check_study(cfg)
   say = log or (lambda line: None)
   teacher_dir = cfg.teacher.checkpoint or text_agents.build_agent(cfg.teacher, cfg.teacher_dir,
                                                                    log=say)

@@ -52,6 +52,41 @@ def test_run_list_has_methods_ablations_and_budget_controls():
   assert ("sopd_budget2", "sopd", 2) in had_study.run_names(config_lib.get_config("had"))
 
 
+@pytest.mark.parametrize("variant", ["had", "opd,scienceworld", "had,micro", "sopd,micro_teacher"])
+def test_every_variant_passes_the_study_check(variant):
+  had_study.check_study(config_lib.get_config(variant))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("teacher.eval.settings", ("with_harness", "without_harness"), "teacher.eval.settings"),
+    ("teacher.eval.settings", ("harness_removed",), "'with_harness' among them"),
+    ("study.methods", ("had", "gkd"), "study.methods"),
+    ("study.ablations", ("no_preference", "opd"), "study.ablations"),
+    ("study.budget2", ("no_preference",), "study.budget2"),
+    ("study.seeds", (), "study.seeds"),
+    ("study.seeds", (0, "1"), "study.seeds"),
+])
+def test_the_study_check_names_the_bad_field(field, value, match):
+  cfg = config_lib.get_config("had,micro")
+  with cfg.unlocked():
+    node = cfg
+    *parents, leaf = field.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  with pytest.raises(ValueError, match=match):
+    had_study.check_study(cfg)
+
+
+def test_a_study_with_no_run_is_refused_before_anything_is_built():
+  cfg = config_lib.get_config("had,micro")
+  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = (), (), ()
+  # run() checks first: the teacher is neither built nor loaded (its directory does not exist).
+  cfg.teacher.checkpoint = "/nonexistent/teacher"
+  with pytest.raises(ValueError, match="at least one run"):
+    had_study.run(cfg)
+
+
 def test_report_shows_ours_with_intervals_beside_the_paper():
   cfg = config_lib.get_config("had,micro")
   cfg.study.methods = ("had", "opd")
