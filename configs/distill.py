@@ -78,6 +78,9 @@ def get_config(variant: str = "had") -> ml_collections.ConfigDict:
   c.study.ablations = distill_loop.ABLATIONS
   c.study.budget2 = ("opd", "sopd")
   c.study.seeds = (0, 1, 2)
+  # Updates after which each run is also evaluated with the harness (a learning curve; each
+  # in [1, train.num_steps)), e.g. --config.study.curve_steps="(25,50,75)".
+  c.study.curve_steps = ()
   c.study.output_dir = f"results/had_study/{game}"
 
   if micro:

@@ -12,7 +12,10 @@ the teacher-budget-x2 controls, evaluated as the paper does (docs/had.md).
    every episode in `<output_dir>/eval/{teacher,student}/` and `<run workdir>/eval/`
    (`<setting>-<split>.jsonl`). An evaluation is reused when its `key.json` (the weights'
    digest, the tasks and the decoding settings) matches, so a stopped or extended study
-   (more methods, seeds or settings) redoes neither a finished run nor its evaluation.
+   (more methods, seeds or settings) redoes neither a finished run nor its evaluation;
+4. with `study.curve_steps`, keeps each run's checkpoints at those steps
+   (`train.keep_steps`) and evaluates them with the harness (`<run workdir>/eval/step_<N>/`,
+   cached the same way): success against the number of updates.
 
 `render(cfg, result)` writes the report in the paper's tables' shape with the paper's numbers
 beside ours (success with 95 % Wilson intervals, pooled over seeds, and per run the success of
@@ -79,6 +82,12 @@ def check_study(cfg) -> None:
   if (isinstance(seeds, (str, int)) or not len(seeds)
       or not all(isinstance(v, int) and not isinstance(v, bool) for v in seeds)):
     raise ValueError(f"study.seeds: expected a non-empty tuple of ints, got {seeds!r}")
+  curve = cfg.study.get("curve_steps", ())
+  steps = int(cfg.train.num_steps)
+  if (isinstance(curve, (str, int)) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                               and 1 <= v < steps for v in curve)):
+    raise ValueError(f"study.curve_steps: expected a tuple of ints in [1, train.num_steps = "
+                     f"{steps}), got {curve!r}")
   if not run_names(cfg):
     raise ValueError("study: expected at least one run (study.methods, study.ablations and "
                      "study.budget2 are all empty)")
@@ -115,24 +124,38 @@ def run(cfg, *, log: Log | None = None) -> dict:
                        max_steps=int(ev.max_steps), batch_size=int(ev.batch_size),
                        max_new_tokens=int(ev.max_new_tokens), log=say)
 
+  def evaluate_with_harness(model, tok, directory) -> dict:
+    return evaluations(model, tok, evals, ("with_harness",), directory, window=int(cfg.window),
+                       max_steps=int(ev.max_steps), batch_size=int(ev.batch_size),
+                       max_new_tokens=int(ev.max_new_tokens), log=say)["with_harness"]
+
   evals_dir = os.path.join(cfg.study.output_dir, "eval")
   out = {"runs": {}, "history": {},
          "teacher": evaluate(teacher, t_tok, os.path.join(evals_dir, "teacher"))}
   student0, s_tok = text_agents.load_agent(student_dir)
   out["student"] = evaluate(student0, s_tok, os.path.join(evals_dir, "student"))
   out["seeds"] = {}
+  curve = sorted({int(v) for v in cfg.study.get("curve_steps", ())})
+  out["curve"] = {}
   for name, method, budget in run_names(cfg):
     pooled = {s: {split: [] for split in evals} for s in ev.settings}
     per_seed = {s: {split: [] for split in evals} for s in ev.settings}
     out["history"][name] = []
+    out["curve"][name] = {step: {split: [] for split in evals} for step in curve}
     for seed in cfg.study.seeds:
       c = copy.deepcopy(cfg)
       c.method, c.teacher_budget, c.seed = method, budget, int(seed)
+      # The curve's checkpoints are kept (keep_steps does not change the trajectory).
+      c.train.keep_steps = tuple(sorted(set(curve) | set(c.train.keep_steps)))
       student, tok = text_agents.load_agent(student_dir)
       workdir = os.path.join(cfg.study.output_dir, "runs", f"{name}-seed{seed}")
       trained, result = distill_loop.train(c, student, tok, teacher, make_game, tasks,
                                            workdir=workdir, teacher_tokenizer=t_tok)
       out["history"][name].append(result.history[-1] if result.history else {})
+      for step in curve:
+        traces = _curve_point(c, student, tok, workdir, step, evaluate_with_harness, say)
+        for split, ts in (traces or {}).items():
+          out["curve"][name][step][split].append(ts)
       for s, splits in evaluate(trained, tok, os.path.join(workdir, "eval")).items():
         for split, traces in splits.items():
           pooled[s][split] += traces
@@ -142,6 +165,23 @@ def run(cfg, *, log: Log | None = None) -> dict:
     out["runs"][name] = pooled
     out["seeds"][name] = per_seed
   return out
+
+
+def _curve_point(cfg, student, tokenizer, workdir: str, step: int, evaluate, say):
+  """`{split: traces}` with the harness of a run's student after `step` updates, kept in
+  ``<workdir>/eval/step_<step>/``; None (and a log line) when that checkpoint was not kept (a
+  run trained before the step was on the curve)."""
+  from harnax.train import distill_loop
+
+  try:
+    model = distill_loop.restore_student(cfg, student, workdir, step)
+  except ValueError as e:
+    if "no checkpoint of step" not in str(e):
+      raise
+    say(f"had study: {workdir}: no checkpoint of step {step} was kept; it is left off the "
+        "curve")
+    return None
+  return evaluate(model, tokenizer, os.path.join(workdir, "eval", f"step_{step:06d}"))
 
 
 def params_digest(model) -> str:
@@ -265,6 +305,7 @@ def render(cfg, result: dict) -> str:
   lines += [markdown_table(header, rows), ""]
   if result.get("seeds"):
     lines += _seed_table(result["seeds"])
+  lines += _curve_table(cfg, result)
   lines += ["## HAD under the four settings", ""]
   header = ["setting", "HAD seen", "HAD unseen", "paper seen", "paper unseen"]
   rows = []
@@ -341,6 +382,33 @@ def _seed_table(seeds: dict) -> list[str]:
           markdown_table(header, rows), ""]
 
 
+def _curve_table(cfg, result: dict) -> list[str]:
+  """Success with the harness after 0 (the student before distillation), each of
+  `study.curve_steps` and all `train.num_steps` updates, pooled over seeds, per split."""
+  from harnax.studies.results import markdown_table
+
+  curve = result.get("curve") or {}
+  steps = sorted({step for by in curve.values() for step in by})
+  if not steps:
+    return []
+  final = int(cfg.train.num_steps)
+  header = ["run", "split", "0 (student before)"] + [str(step) for step in steps] + [str(final)]
+  rows = []
+  for name, by in curve.items():
+    for split in ("seen", "unseen"):
+      cells = [_pct(text_metrics.success(
+          result["student"].get("with_harness", {}).get(split, [])))]
+      cells += [_pct(text_metrics.success([t for g in by[step].get(split, []) for t in g]))
+                for step in steps]
+      cells.append(_pct(text_metrics.success(
+          result["runs"].get(name, {}).get("with_harness", {}).get(split, []))))
+      rows.append([name, split] + cells)
+  return ["## Success with the harness by number of updates", "",
+          "Each run's checkpoints at `study.curve_steps`, evaluated like the final one and "
+          "pooled over seeds (a point that a run did not keep counts fewer games).", "",
+          markdown_table(header, rows), ""]
+
+
 def metrics(result: dict) -> dict:
   """Counts per model, setting and split (JSON)."""
   out = {}
@@ -357,4 +425,10 @@ def metrics(result: dict) -> dict:
                              for split, groups in splits.items()}
                          for s, splits in by.items()}
                   for name, by in result.get("seeds", {}).items()}
+  # Per run, curve step and split: the games won and played by each seed that kept the step.
+  out["curve"] = {name: {str(step): {split: [[text_metrics.success(g).successes,
+                                              text_metrics.success(g).trials] for g in groups]
+                                     for split, groups in splits.items()}
+                         for step, splits in by.items()}
+                  for name, by in result.get("curve", {}).items()}
   return out

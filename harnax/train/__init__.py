@@ -18,10 +18,12 @@ from harnax.train.exact_pg import fit
 from harnax.train.exact_pg import fit_log_linear
 from harnax.train.loop import TrainResult
 from harnax.train.loop import check_config
+from harnax.train.loop import checkpoint_steps
 from harnax.train.loop import default_config
 from harnax.train.loop import initialize_distributed
 from harnax.train.loop import make_optimizer
 from harnax.train.loop import make_schedule
+from harnax.train.loop import restore_params
 from harnax.train.loop import train
 from harnax.train.lora import init_lora
 from harnax.train.lora import merge_lora
@@ -43,12 +45,14 @@ __all__ = [
     "fit_log_linear",
     "TrainResult",
     "check_config",
+    "checkpoint_steps",
     "default_config",
     "initialize_distributed",
     "init_lora",
     "make_optimizer",
     "make_schedule",
     "merge_lora",
+    "restore_params",
     "train",
     "SFTData",
     "SFTResult",

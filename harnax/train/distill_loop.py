@@ -763,6 +763,15 @@ def train(cfg, student, tokenizer, teacher, make_game: Callable, tasks: Sequence
   return nnx.merge(graphdef, result.params, rest), result
 
 
+def restore_student(cfg, student, workdir: str, step: int):
+  """The student that :func:`train` on `workdir` had after `step` updates, read from that
+  step's checkpoint (one kept by `cfg.train.keep_steps` or `keep_checkpoints`: a point of a
+  learning curve). `student` is the model training started from; it is not changed."""
+  graphdef, params, rest = nnx.split(student, nnx.Param, ...)
+  restored = loop_lib.restore_params(cfg.train, params, workdir, step)
+  return nnx.merge(graphdef, restored, rest)
+
+
 def default_config() -> ml_collections.ConfigDict:
   """The distillation fields with their defaults (configs/distill.py sets them per variant)."""
   c = ml_collections.ConfigDict()

@@ -84,6 +84,9 @@ def default_config() -> ml_collections.ConfigDict:
     seed: seeds the loop's key (LoRA's initial `A`; saved in checkpoints).
     checkpoint_every: write a checkpoint every k updates (0: only at the end).
     keep_checkpoints: how many of the latest checkpoints to keep (>= 1).
+    keep_steps: steps (>= 1) whose checkpoints are also written and kept for good, whatever
+      `checkpoint_every` and `keep_checkpoints` say: the points of a learning curve
+      (`restore_params` reads them back).
     log_every: without a progress bar, one log line every k steps (0: none).
     finetune: `"full"` or `"lora"`.
     lora_rank, lora_alpha: the adapters' rank r and scale numerator (update
@@ -108,6 +111,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.checkpoint_every = 100
   c.keep_checkpoints = 3
+  c.keep_steps = ()
   c.log_every = 10
   c.finetune = "full"
   c.lora_rank = 8
@@ -190,6 +194,10 @@ def check_config(config) -> ml_collections.ConfigDict:
   _int_field(c, "warmup_steps", 0)
   _int_field(c, "checkpoint_every", 0)
   _int_field(c, "keep_checkpoints", 1)
+  keep = c.keep_steps
+  if (isinstance(keep, (str, bytes)) or not isinstance(keep, (tuple, list))
+      or not all(_is_int(k) and k >= 1 for k in keep)):
+    raise ValueError(f"config.keep_steps: expected a tuple of integers >= 1, got {keep!r}")
   _int_field(c, "log_every", 0)
   if c.schedule == "warmup_cosine":
     if c.warmup_steps >= c.num_steps:
@@ -553,6 +561,16 @@ def _orbax():
   return ocp
 
 
+def _preservation(ocp, c):
+  # The latest `keep_checkpoints`, and every `keep_steps` checkpoint for good.
+  policies = ocp.checkpoint_managers
+  latest = policies.LatestN(c.keep_checkpoints)
+  if not c.keep_steps:
+    return latest
+  return policies.AnyPreservationPolicy(
+      [latest, policies.CustomSteps(sorted({int(k) for k in c.keep_steps}))])
+
+
 def _checkpoint_tree(names, trainable, opt_names, opt_leaves, step, rng):
   return {"params": dict(zip(names, trainable)), "opt_state": dict(zip(opt_names, opt_leaves)),
           "step": step, "rng": rng}
@@ -709,7 +727,7 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
   # and leftovers are removed at start-up. The device-to-host copy happens inside `save`, so
   # the next step may donate the saved buffers while the files are written in the background.
   options = ocp.CheckpointManagerOptions(
-      preservation_policy=ocp.checkpoint_managers.LatestN(c.keep_checkpoints), create=True,
+      preservation_policy=_preservation(ocp, c), create=True,
       cleanup_tmp_directories=True, enable_async_checkpointing=True)
   manager = ocp.CheckpointManager(ckpt_dir, item_handlers=ocp.StandardCheckpointHandler(),
                                   options=options)
@@ -756,6 +774,7 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
       step_fn = _host_step(value_and_grad_fn, c, treedef, list(names), lora_treedef)
     bar = bool(progress) and sys.stderr.isatty()
     meter = _Progress(c.num_steps, start, bar=bar, log_every=c.log_every, enabled=primary)
+    keep_steps = {int(k) for k in c.keep_steps}
 
     def save(step, trainable, opt_state, rng):
       tree = _checkpoint_tree(t_names, trainable, opt_names, jax.tree.leaves(opt_state),
@@ -780,7 +799,8 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
             log.flush()
           meter.update(record)
           done = s + 1
-          if (c.checkpoint_every and done % c.checkpoint_every == 0) or done == stop:
+          if ((c.checkpoint_every and done % c.checkpoint_every == 0) or done == stop
+              or done in keep_steps):
             save(done, trainable, opt_state, rng)
     finally:
       meter.close()
@@ -799,3 +819,88 @@ def train(config, value_and_grad_fn: ValueAndGradFn, params, batch, *, workdir: 
     return TrainResult(params=merged, history=history, adapters=out_adapters)
   return TrainResult(params=jax.tree.unflatten(treedef, trainable), history=history)
 
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The steps of the finalized checkpoints in `workdir` (ascending; [] when there are none)."""
+  ckpt_dir = os.path.join(os.fspath(workdir), CHECKPOINT_DIR)
+  if not os.path.isdir(ckpt_dir):
+    return []
+  # Orbax renames a checkpoint's directory to its bare step number only once it is complete.
+  return sorted(int(n) for n in os.listdir(ckpt_dir)
+                if n.isdigit() and os.path.isdir(os.path.join(ckpt_dir, n)))
+
+
+def restore_params(config, params, workdir: str, step: int):
+  """The trained parameters that `train(config, ..., params, workdir=workdir)` had after `step`
+  updates, read from that step's checkpoint (one kept by `keep_checkpoints` or `keep_steps`).
+
+  Only the parameters are read (not the optimizer state). With LoRA the checkpoint holds the
+  adapters, merged into `params` (the frozen base) as `train` returns them.
+
+  Args:
+    config: the run's loop config (its `finetune` and LoRA fields decide what was saved).
+    params: the initial parameters given to `train` (their structure and dtypes; with LoRA,
+      the base).
+    workdir: the run's directory.
+    step: a checkpointed step (`checkpoint_steps(workdir)`).
+
+  Returns:
+    A pytree like `params`, float32 (float64 leaves stay float64), on the host's default
+    device.
+
+  Raises:
+    ValueError: `step` has no checkpoint in `workdir` (the message lists those that exist),
+      or the checkpoint does not match `params`.
+  """
+  c = check_config(config)
+  if not _is_int(step) or step < 1:
+    raise ValueError(f"step: expected a positive integer, got {step!r}")
+  steps = checkpoint_steps(workdir)
+  if step not in steps:
+    raise ValueError(f"step: no checkpoint of step {step} in "
+                     f"{os.path.join(os.fspath(workdir), CHECKPOINT_DIR)} (kept: {steps}); "
+                     "add it to config.keep_steps before training to keep it")
+  leaves, treedef = jax.tree.flatten(params)
+  if c.finetune == "lora":
+    adapters = jax.eval_shape(lambda: lora_lib.init_lora(
+        params, rank=c.lora_rank, targets=c.lora_targets, key=jax.random.key(0),
+        layout=c.lora_layout))
+    t_leaves, t_treedef = jax.tree.flatten(adapters)
+    t_names = lora_lib.param_names(adapters)
+  else:
+    t_leaves, t_treedef, t_names = leaves, treedef, lora_lib.param_names(params)
+  abstract = {"params": {n: jax.ShapeDtypeStruct(np.shape(x), _master_dtype(x))
+                         for n, x in zip(t_names, t_leaves)},
+              "step": jax.ShapeDtypeStruct((), np.int32)}
+  ocp = _orbax()
+  ckpt_dir = os.path.abspath(os.path.join(os.fspath(workdir), CHECKPOINT_DIR))
+  manager = ocp.CheckpointManager(ckpt_dir, item_handlers=ocp.PyTreeCheckpointHandler())
+  try:
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
+    # Only the parameters: the optimizer state and the key stay on disk.
+    restored = manager.restore(step, args=ocp.args.PyTreeRestore(
+        abstract, restore_args=restore_args, partial_restore=True))
+  except (KeyError, ValueError) as e:
+    raise ValueError(f"params: the checkpoint of step {step} in {ckpt_dir} does not hold "
+                     f"these parameters ({e})") from None
+  finally:
+    manager.close()
+  # A partial restore hands back the abstract leaf of a name the checkpoint does not have.
+  got = {n: x for n, x in restored["params"].items() if isinstance(x, np.ndarray)}
+  for n, x in zip(t_names, t_leaves):
+    if n not in got or np.shape(got[n]) != np.shape(x):
+      raise ValueError(f"params: leaf {n!r} is {np.shape(x)} here and "
+                       f"{np.shape(got[n]) if n in got else 'missing'} in the checkpoint of step "
+                       f"{step} in {ckpt_dir}")
+  if int(np.asarray(restored["step"])) != step:
+    raise ValueError(f"workdir: the checkpoint labelled {step} in {ckpt_dir} holds step "
+                     f"{int(np.asarray(restored['step']))}; the directory is corrupt")
+  trained = [jnp.asarray(got[n], _master_dtype(x)) for n, x in zip(t_names, t_leaves)]
+  if c.finetune == "lora":
+    out_adapters = jax.tree.unflatten(t_treedef, trained)
+    return jax.jit(lambda b, a: lora_lib.merge_lora(
+        b, a, alpha=float(c.lora_alpha), rank=int(c.lora_rank), layout=c.lora_layout))(
+            jax.tree.unflatten(treedef, [jnp.asarray(x, _master_dtype(x)) for x in leaves]),
+            out_adapters)
+  return jax.tree.unflatten(treedef, trained)

@@ -1,6 +1,11 @@
 """The HAD study's report (harnax.studies.had_study) on a tiny hand-made result, its run list,
 and configs/distill.py's variants."""
 
+import copy
+import json
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -65,6 +70,9 @@ def test_every_variant_passes_the_study_check(variant):
     ("study.budget2", ("no_preference",), "study.budget2"),
     ("study.seeds", (), "study.seeds"),
     ("study.seeds", (0, "1"), "study.seeds"),
+    ("study.curve_steps", (0,), r"study.curve_steps: .*\[1, train.num_steps = 2\)"),
+    ("study.curve_steps", (2,), "study.curve_steps"),      # the final step is always evaluated
+    ("study.curve_steps", ("1",), "study.curve_steps"),
 ])
 def test_the_study_check_names_the_bad_field(field, value, match):
   cfg = config_lib.get_config("had,micro")
@@ -147,6 +155,28 @@ def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
   assert m["seeds"]["had"]["with_harness"]["seen"] == [[4, 4], [0, 4]]
 
 
+def test_report_and_metrics_give_the_learning_curve():
+  cfg = config_lib.get_config("had,micro")
+  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("had",), (), ()
+  cfg.train.num_steps, cfg.study.curve_steps = 4, (2,)
+  # Two seeds; after 2 updates seed 0 won 1 of 2 seen games and seed 1 both; after all 4
+  # (the final evaluation) 1 of 2 seen, 2 of 2 unseen.
+  curve = {"had": {2: {"seen": [[_trace(True), _trace(False)], [_trace(True), _trace(True)]],
+                       "unseen": [[_trace(False)], [_trace(False)]]}}}
+  result = {"runs": {"had": _by([True, False], [True, True], cfg)},
+            "teacher": _by([True], [True], cfg), "student": _by([False, False], [True], cfg),
+            "curve": curve}
+  text = had_study.render(cfg, result)
+  assert "| run | split | 0 (student before) | 2 | 4 |" in text
+  assert "| had | seen | 0.0 [0, 66] (0/2) | 75.0 [30, 95] (3/4) | 50.0 [9, 91] (1/2) |" in text
+  assert ("| had | unseen | 100.0 [21, 100] (1/1) | 0.0 [0, 66] (0/2) "
+          "| 100.0 [34, 100] (2/2) |") in text
+  assert had_study.metrics(result)["curve"] == {
+      "had": {"2": {"seen": [[1, 2], [2, 2]], "unseen": [[0, 1], [0, 1]]}}}
+  del result["curve"]
+  assert "by number of updates" not in had_study.render(cfg, result)
+
+
 def _tiny_agent(directory, tok_dir, hidden, seed):
   import shutil
 
@@ -211,6 +241,70 @@ def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path,
     m.setattr(text_agents, "evaluate", counted)
     had_study.run(cfg)
   assert calls == [3] * 6   # teacher, student, the run; seen and unseen
+
+
+@pytest.mark.slow
+def test_a_micro_study_evaluates_its_learning_curve_from_kept_checkpoints(tmp_path, monkeypatch):
+  from harnax.models import tokenizer as tokenizer_lib
+  from harnax.policies import text_agent
+  from harnax.studies import text_agents
+  from harnax.train import distill_loop
+
+  tok_dir = tmp_path / "tok"
+  tokenizer_lib.train_tokenizer(
+      [text_agent.SYSTEM_PROMPT, "You arrive at cabinet 1. Your task is to: put a apple in "
+       "fridge.", "Think: I go there.\nAction: go to fridge 1"], str(tok_dir), vocab_size=400)
+  cfg = config_lib.get_config("opd,alfworld,micro")
+  cfg.teacher.checkpoint = _tiny_agent(tmp_path / "teacher", tok_dir, 32, 1)
+  cfg.student.checkpoint = _tiny_agent(tmp_path / "student", tok_dir, 16, 0)
+  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("opd",), (), ()
+  cfg.study.output_dir = str(tmp_path / "study")
+  ev = cfg.teacher.eval
+  ev.settings, ev.per_type, ev.max_steps, ev.max_new_tokens = ("with_harness",), 1, 2, 8
+  cfg.max_turns, cfg.max_new_tokens = 2, 8
+  cfg.train.num_steps, cfg.train.checkpoint_every, cfg.train.keep_checkpoints = 3, 0, 1
+  cfg.train.learning_rate = 0.05             # large enough that each update moves the weights
+  cfg.study.curve_steps = (1, 2)
+  first = had_study.run(cfg)
+  n_tasks = len(text_agents.eval_tasks(cfg.teacher)["seen"])
+  assert sorted(first["curve"]["opd"]) == [1, 2]
+  for step in (1, 2):
+    for split in ("seen", "unseen"):
+      assert [len(g) for g in first["curve"]["opd"][step][split]] == [n_tasks]
+  # The step-1 point is the student of an independent 1-update run (same seed and data).
+  teacher, _ = text_agents.load_agent(cfg.teacher.checkpoint)
+  student, tok = text_agents.load_agent(cfg.student.checkpoint)
+  one = copy.deepcopy(cfg)
+  one.method, one.seed, one.train.num_steps = "opd", 0, 1
+  trained, _ = distill_loop.train(one, student, tok, teacher, text_agents.HarnessedGameMaker(
+      max_steps=int(cfg.max_turns)), text_agents.train_tasks(cfg.teacher),
+      workdir=str(tmp_path / "one"), progress=False)
+  run_dir = os.path.join(cfg.study.output_dir, "runs", "opd-seed0")
+  digests = {}
+  for step in (1, 2):
+    with open(os.path.join(run_dir, "eval", f"step_{step:06d}", "key.json")) as f:
+      digests[step] = json.load(f)["params"]
+  assert digests[1] == had_study.params_digest(trained) != digests[2]
+  text = had_study.render(cfg, first)
+  assert "| run | split | 0 (student before) | 1 | 2 | 3 |" in text
+
+  # Again: every point is read back, nothing is trained or evaluated.
+  def no_more(*args, **kw):
+    raise AssertionError("evaluated or trained again")
+
+  with monkeypatch.context() as m:
+    m.setattr(text_agents, "evaluate", no_more)
+    m.setattr(distill_loop, "collect", no_more)
+    second = had_study.run(cfg)
+  assert had_study.metrics(second) == had_study.metrics(first)
+
+  # A point whose checkpoint is gone (as for a run trained before the point was on the curve)
+  # is left off, and said, never evaluated on other weights.
+  lines = []
+  shutil.rmtree(os.path.join(run_dir, "checkpoints", "1"))
+  third = had_study.run(cfg, log=lines.append)
+  assert third["curve"]["opd"][1] == {"seen": [], "unseen": []}
+  assert any("no checkpoint of step 1" in line for line in lines)
 
 
 def test_the_evaluation_key_is_the_weights_digest():

@@ -179,6 +179,43 @@ def test_killed_and_resumed_run_is_bit_identical(problem, tmp_path):
   assert len(again.history) == 10
 
 
+def test_keep_steps_keeps_a_learning_curve_and_restore_params_reads_it(problem, tmp_path):
+  # Reference: separate runs of 2 and 5 steps (the run is deterministic, so step k of a long
+  # run equals a k-step run).
+  params = {"logits": jnp.zeros((S, A))}
+  cfg = config(optimizer="adam", num_steps=7, checkpoint_every=0, keep_checkpoints=1,
+               keep_steps=(2, 5))
+  work = str(tmp_path / "long")
+  train.train(cfg, dict_fn, params, problem, workdir=work, progress=False)
+  # Without keep_steps only the final checkpoint would be left (checkpoint_every=0, keep 1).
+  assert train.checkpoint_steps(work) == [2, 5, 7]
+  for k in (2, 5, 7):
+    short = train.train(config(optimizer="adam", num_steps=k, checkpoint_every=0), dict_fn,
+                        params, problem, workdir=str(tmp_path / f"short{k}"), progress=False)
+    got = train.restore_params(cfg, params, work, k)
+    np.testing.assert_array_equal(got["logits"], short.params["logits"])
+    assert got["logits"].dtype == jnp.float32
+  assert not np.array_equal(train.restore_params(cfg, params, work, 2)["logits"],
+                            train.restore_params(cfg, params, work, 5)["logits"])
+  # Resuming with keep_steps keeps the earlier points: 7 -> 9 steps keeps 2, 5 and the last.
+  cfg.num_steps = 9
+  train.train(cfg, dict_fn, params, problem, workdir=work, progress=False)
+  assert train.checkpoint_steps(work) == [2, 5, 9]
+  assert train.checkpoint_steps(str(tmp_path / "none")) == []
+
+  with pytest.raises(ValueError, match=r"step: no checkpoint of step 3 .*kept: \[2, 5, 9\]"):
+    train.restore_params(cfg, params, work, 3)
+  with pytest.raises(ValueError, match="step: expected a positive integer"):
+    train.restore_params(cfg, params, work, 0)
+  with pytest.raises(ValueError, match="params: leaf 'logits' is"):
+    train.restore_params(cfg, {"logits": jnp.zeros((S + 1, A))}, work, 2)
+  with pytest.raises(ValueError, match="params: .*'other'.* missing in the checkpoint of step 2"):
+    train.restore_params(cfg, {"other": jnp.zeros((S, A))}, work, 2)
+  for bad in ((0,), (1.5,), "2", 3):
+    with pytest.raises(ValueError, match="config.keep_steps: expected a tuple of integers"):
+      train.check_config({"keep_steps": bad})
+
+
 def test_an_unfinalized_checkpoint_is_never_restored(problem, tmp_path):
   cfg = config(optimizer="adam")
   params = {"logits": jnp.zeros((S, A))}

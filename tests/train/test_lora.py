@@ -212,7 +212,17 @@ def test_lora_training_on_the_exact_lm_policy_gradient(lm_params, tmp_path):
   cfg = train.default_config()
   cfg.update(finetune="lora", lora_rank=2, lora_alpha=4.0, learning_rate=0.05, num_steps=3,
              log_every=0)
+  cfg.keep_steps = (1,)
   out = train.train(cfg, fn, params, problem, workdir=str(tmp_path), progress=False)
+  # A kept checkpoint holds the adapters; restore_params merges them into the base.
+  restored = leaves_by_name(train.restore_params(cfg, params, str(tmp_path), 3))
+  for name, x in leaves_by_name(out.params).items():
+    np.testing.assert_array_equal(restored[name], x, err_msg=name)
+  one = train.train(dict(cfg, num_steps=1, keep_steps=()), fn, params, problem,
+                    workdir=str(tmp_path / "one"), progress=False)
+  restored = leaves_by_name(train.restore_params(cfg, params, str(tmp_path), 1))
+  for name, x in leaves_by_name(one.params).items():
+    np.testing.assert_array_equal(restored[name], x, err_msg=name)
   values = [h["value"] for h in out.history]
   assert len(values) == 3 and values[-1] > values[0]
   base, merged = leaves_by_name(params), leaves_by_name(out.params)
