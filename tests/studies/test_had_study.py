@@ -190,12 +190,10 @@ def _tiny_agent(directory, tok_dir, hidden, seed):
   return str(directory)
 
 
-@pytest.mark.slow
-def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path, monkeypatch):
+def _micro_study(tmp_path):
+  """An OPD study of two tiny agents on one tokenizer: one task per type, 2 turns, 8 tokens."""
   from harnax.models import tokenizer as tokenizer_lib
   from harnax.policies import text_agent
-  from harnax.studies import text_agents
-  from harnax.train import distill_loop
 
   tok_dir = tmp_path / "tok"
   tokenizer_lib.train_tokenizer(
@@ -208,6 +206,29 @@ def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path,
   cfg.study.output_dir = str(tmp_path / "study")
   ev = cfg.teacher.eval
   ev.settings, ev.per_type, ev.max_steps, ev.max_new_tokens = ("with_harness",), 1, 2, 8
+  return cfg
+
+
+def _run_again_without_work(cfg, monkeypatch):
+  """`had_study.run(cfg)` with evaluation and rollouts made to raise: all must be cached."""
+  from harnax.studies import text_agents
+  from harnax.train import distill_loop
+
+  def no_more(*args, **kw):
+    raise AssertionError("evaluated or trained again")
+
+  with monkeypatch.context() as m:
+    m.setattr(text_agents, "evaluate", no_more)
+    m.setattr(distill_loop, "collect", no_more)
+    return had_study.run(cfg)
+
+
+@pytest.mark.slow
+def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path, monkeypatch):
+  from harnax.studies import text_agents
+
+  cfg = _micro_study(tmp_path)
+  ev = cfg.teacher.eval
   cfg.max_turns, cfg.max_new_tokens, cfg.train.num_steps = 2, 8, 1
   first = had_study.run(cfg)
   n_tasks = len(text_agents.eval_tasks(cfg.teacher)["seen"])
@@ -218,13 +239,7 @@ def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path,
   assert "| opd |" in had_study.render(cfg, first).replace("`", "")
 
   # Run again: the finished run resumes at its last step and every evaluation is read back.
-  def no_more(*args, **kw):
-    raise AssertionError("evaluated or trained again")
-
-  with monkeypatch.context() as m:
-    m.setattr(text_agents, "evaluate", no_more)
-    m.setattr(distill_loop, "collect", no_more)
-    second = had_study.run(cfg)
+  second = _run_again_without_work(cfg, monkeypatch)
   assert had_study.metrics(second) == had_study.metrics(first)
   assert had_study.render(cfg, second) == had_study.render(cfg, first)
 
@@ -245,22 +260,10 @@ def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path,
 
 @pytest.mark.slow
 def test_a_micro_study_evaluates_its_learning_curve_from_kept_checkpoints(tmp_path, monkeypatch):
-  from harnax.models import tokenizer as tokenizer_lib
-  from harnax.policies import text_agent
   from harnax.studies import text_agents
   from harnax.train import distill_loop
 
-  tok_dir = tmp_path / "tok"
-  tokenizer_lib.train_tokenizer(
-      [text_agent.SYSTEM_PROMPT, "You arrive at cabinet 1. Your task is to: put a apple in "
-       "fridge.", "Think: I go there.\nAction: go to fridge 1"], str(tok_dir), vocab_size=400)
-  cfg = config_lib.get_config("opd,alfworld,micro")
-  cfg.teacher.checkpoint = _tiny_agent(tmp_path / "teacher", tok_dir, 32, 1)
-  cfg.student.checkpoint = _tiny_agent(tmp_path / "student", tok_dir, 16, 0)
-  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("opd",), (), ()
-  cfg.study.output_dir = str(tmp_path / "study")
-  ev = cfg.teacher.eval
-  ev.settings, ev.per_type, ev.max_steps, ev.max_new_tokens = ("with_harness",), 1, 2, 8
+  cfg = _micro_study(tmp_path)
   cfg.max_turns, cfg.max_new_tokens = 2, 8
   cfg.train.num_steps, cfg.train.checkpoint_every, cfg.train.keep_checkpoints = 3, 0, 1
   cfg.train.learning_rate = 0.05             # large enough that each update moves the weights
@@ -289,13 +292,7 @@ def test_a_micro_study_evaluates_its_learning_curve_from_kept_checkpoints(tmp_pa
   assert "| run | split | 0 (student before) | 1 | 2 | 3 |" in text
 
   # Again: every point is read back, nothing is trained or evaluated.
-  def no_more(*args, **kw):
-    raise AssertionError("evaluated or trained again")
-
-  with monkeypatch.context() as m:
-    m.setattr(text_agents, "evaluate", no_more)
-    m.setattr(distill_loop, "collect", no_more)
-    second = had_study.run(cfg)
+  second = _run_again_without_work(cfg, monkeypatch)
   assert had_study.metrics(second) == had_study.metrics(first)
 
   # A point whose checkpoint is gone (as for a run trained before the point was on the curve)
