@@ -1,4 +1,4 @@
-"""What the LM benchmarks share: model sizes, and each measurement in a fresh subprocess.
+"""What the benchmarks share: model sizes, each measurement in a fresh subprocess, verdicts.
 
 A benchmark script runs every configuration as `python <script> --child KIND ...` so that jax
 and torch start clean, with the thread count the configuration asks for. The child prints one
@@ -49,6 +49,16 @@ def run_child(script: str, args: list[str], loads: list, *, what: str) -> dict:
     if line.startswith("RESULT "):
       return json.loads(line[len("RESULT "):])
   raise RuntimeError(f"{what} failed:\n{proc.stderr[-4000:]}")
+
+
+def met(ratio: float, goal: float, *, digits: int = 2, at_most: bool = False) -> str:
+  """A target's verdict on `ratio` as its table cell prints it, rounded to `digits` decimals.
+
+  Deciding on the unrounded value would print "1.00x" beside "**no**" for a ratio of 0.997.
+  `at_most`: the goal is an upper bound (ratio <= goal) rather than a lower one.
+  """
+  shown = round(ratio, digits)
+  return "yes" if (shown <= goal if at_most else shown >= goal) else "**no**"
 
 
 def ms(seconds: float) -> str:

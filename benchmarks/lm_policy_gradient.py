@@ -502,9 +502,7 @@ def _threads(n: int) -> str:
 
 
 def _met(value: float, goal: float | None) -> str:
-  if goal is None:
-    return "-"
-  return "yes" if value >= goal else "**no**"
+  return "-" if goal is None else children.met(value, goal)
 
 
 def write_report(path: str, *, info: dict, methods: dict, versus: dict, sweep: list,

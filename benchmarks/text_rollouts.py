@@ -388,7 +388,7 @@ def write_report(path: str, *, conf: dict, info: dict, rollout: dict, versus: di
             "met (median) |", "|---|---|---|---|---|---|"]
   for size, ratio, ratio_min, cpu_ratio in targets:
     lines.append(f"| {size} | {ratio:.2f}x | {ratio_min:.2f}x | {cpu_ratio:.2f}x | "
-                 f">= {TARGET:g}x | {'yes' if ratio >= TARGET else '**no**'} |")
+                 f">= {TARGET:g}x | {children.met(ratio, TARGET)} |")
   text = "\n".join(lines) + "\n"
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
