@@ -1,12 +1,14 @@
 """Config of harnax.train.distill_loop / harnax.studies.had_study: a locally built teacher
 distilled into a student by HAD, a baseline or an ablation (docs/had.md).
 
-Variant: "<method>[,<game>][,micro|,micro_teacher][,budget2]" with method one of had, opd,
+Variant: "<method>[,<game>][,micro|,micro_teacher|,long][,budget2]" with method one of had, opd,
 sage_opd, guided_opd, sopd, no_validity_filter, no_negative_action, no_preference; game
 alfworld (default) or scienceworld; "micro" a tiny sizing for tests; "micro_teacher" the
 smallest pair whose teacher wins (ALFWorld): text_agents' micro_teacher, which wins the 8
 bathroom tasks it trained on, and a student of the same size and vocabulary after a fifth of
 its SFT steps, distilled on those tasks and evaluated on them (seen) and on unseen bathrooms;
+"long" the sizing the CPU miniature points to for an accelerator (docs/had.md, "Long runs"):
+16 episodes per update, 400 updates at learning rate 1e-4, five seeds, a learning curve;
 "budget2" the teacher budget x2 control (twice the rollouts, hence teacher-scored tokens, per
 update), e.g. `--config=configs/distill.py:opd,alfworld,budget2`.
 
@@ -24,18 +26,21 @@ from harnax.train import distill_loop
 def get_config(variant: str = "had") -> ml_collections.ConfigDict:
   parts = [p for p in variant.split(",") if p]
   if not parts or parts[0] not in distill_loop.ALL_METHODS:
-    raise ValueError(f"variant: expected '<method>[,<game>][,micro][,budget2]' with method one of"
+    raise ValueError(f"variant: expected '<method>[,<game>][,micro|,micro_teacher|,long][,budget2]'"
+                     " with method one of"
                      f" {distill_loop.ALL_METHODS}, got {variant!r}")
   method, rest = parts[0], parts[1:]
   games = [p for p in rest if p in ("alfworld", "scienceworld")]
   unknown = [p for p in rest if p not in ("alfworld", "scienceworld", "micro", "micro_teacher",
-                                          "budget2")]
-  if unknown or len(games) > 1 or ("micro" in rest and "micro_teacher" in rest):
+                                          "long", "budget2")]
+  sizes = [p for p in rest if p in ("micro", "micro_teacher", "long")]
+  if unknown or len(games) > 1 or len(sizes) > 1:
     raise ValueError(f"variant: unknown, repeated or exclusive parts {unknown or games or rest} "
                      f"in {variant!r}")
   game = games[0] if games else "alfworld"
   micro = "micro" in rest
   small = "micro_teacher" in rest
+  long = "long" in rest
   if small and game != "alfworld":
     raise ValueError(f"variant: micro_teacher is an ALFWorld pair, got game {game!r}")
 
@@ -115,5 +120,20 @@ def get_config(variant: str = "had") -> ml_collections.ConfigDict:
     c.study.seeds = (0,)
     c.study.output_dir = "results/had_study/alfworld-micro-teacher"
     c.workdir = (f"results/distill/alfworld-{method}-micro-teacher"
+                 + ("-budget2" if c.teacher_budget == 2 else ""))
+  if long:
+    # What 40 updates of 4 episodes on the CPU left open (docs/had.md, "Long runs"): at 3e-4
+    # the student falls below its start with no trend, at 1e-4 it keeps its level; the only
+    # 20-update runs at or above the student were the 8-episode budget-x2 controls. So: the
+    # smaller step, 4x the episodes per update, 10x the updates, five seeds, and a curve.
+    c.episodes_per_step = 16
+    c.batch_size = 16
+    c.train.learning_rate = 1e-4
+    c.train.num_steps = 400
+    c.train.checkpoint_every = 25
+    c.study.seeds = (0, 1, 2, 3, 4)
+    c.study.curve_steps = (50, 100, 200, 300)
+    c.study.output_dir = f"results/had_study/{game}-long"
+    c.workdir = (f"results/distill/{game}-{method}-long"
                  + ("-budget2" if c.teacher_budget == 2 else ""))
   return c

@@ -44,8 +44,22 @@ def test_variants_set_method_game_budget_and_size():
   assert {k: v for k, v in w.student.to_dict().items() if k not in ("sft", "agent_dir")} == {
       k: v for k, v in w.teacher.to_dict().items() if k not in ("sft", "agent_dir")}
   assert w.max_turns == w.teacher.eval.max_steps and w.workdir.endswith("-budget2")
+  # The accelerator sizing changes the sizing and nothing else (same pair, same method).
+  long, base = config_lib.get_config("had,long,budget2"), config_lib.get_config("had,budget2")
+  changed = {"episodes_per_step", "batch_size", "workdir", "train.num_steps",
+             "train.checkpoint_every", "study.seeds", "study.curve_steps", "study.output_dir"}
+
+  def flat(d, prefix=""):
+    return {k2: v2 for k, v in d.items()
+            for k2, v2 in (flat(v, f"{prefix}{k}.").items() if isinstance(v, dict)
+                           else [(f"{prefix}{k}", v)])}
+  a, b = flat(long.to_dict()), flat(base.to_dict())
+  assert {k for k in a if a[k] != b[k]} == changed
+  assert long.episodes_per_step == 16 and long.train.num_steps == 400
+  assert long.train.learning_rate == 1e-4 and long.teacher_budget == 2
+  assert long.workdir.endswith("alfworld-had-long-budget2")
   for bad in ("dpo", "had,webshop", "had,alfworld,scienceworld", "", "had,micro,micro_teacher",
-              "had,scienceworld,micro_teacher"):
+              "had,scienceworld,micro_teacher", "had,micro,long", "had,long,long"):
     with pytest.raises(ValueError, match="variant"):
       config_lib.get_config(bad)
 
@@ -57,7 +71,8 @@ def test_run_list_has_methods_ablations_and_budget_controls():
   assert ("sopd_budget2", "sopd", 2) in had_study.run_names(config_lib.get_config("had"))
 
 
-@pytest.mark.parametrize("variant", ["had", "opd,scienceworld", "had,micro", "sopd,micro_teacher"])
+@pytest.mark.parametrize("variant", ["had", "opd,scienceworld", "had,micro", "sopd,micro_teacher",
+                                     "had,long", "opd,scienceworld,long"])
 def test_every_variant_passes_the_study_check(variant):
   had_study.check_study(config_lib.get_config(variant))
 
