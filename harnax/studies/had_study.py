@@ -305,6 +305,7 @@ def render(cfg, result: dict) -> str:
   lines += [markdown_table(header, rows), ""]
   if result.get("seeds"):
     lines += _seed_table(result["seeds"])
+    lines += _paired_table(result)
   lines += _curve_table(cfg, result)
   lines += ["## HAD under the four settings", ""]
   header = ["setting", "HAD seen", "HAD unseen", "paper seen", "paper unseen"]
@@ -382,6 +383,36 @@ def _seed_table(seeds: dict) -> list[str]:
           markdown_table(header, rows), ""]
 
 
+def _paired(result: dict) -> dict:
+  """`{model: {split: [PairedWins per seed]}}` with the harness, each evaluation against the
+  student before distillation on the same tasks (the teacher: its one evaluation)."""
+  before = result["student"].get("with_harness", {})
+  models = {"teacher": {split: [traces] for split, traces
+                        in result["teacher"].get("with_harness", {}).items()}}
+  models.update({name: by.get("with_harness", {}) for name, by in result["seeds"].items()})
+  return {name: {split: [text_metrics.paired_wins(before[split], g) for g in groups]
+                 for split, groups in by.items() if split in before}
+          for name, by in models.items()}
+
+
+def _paired_table(result: dict) -> list[str]:
+  """Each model against the student before, task by task: tasks gained and lost, with the
+  exact McNemar p-value, per seed."""
+  from harnax.studies.results import markdown_table
+
+  rows = []
+  for name, by in _paired(result).items():
+    rows.append([name] + ["; ".join(f"+{p.gained}/-{p.lost} (p {p.p_value:.2g})"
+                                    for p in by.get(split, [])) or "—"
+                          for split in ("seen", "unseen")])
+  return ["### Against the student before, task by task (with the harness)", "",
+          "The same tasks in the same order: +gained (won now, not by the student before) / "
+          "-lost (the reverse), and the exact two-sided McNemar p-value of no change, one "
+          "per seed (the seeds share the tasks, so they are not pooled into one test). Tasks "
+          "that both or neither win carry no information about a change.", "",
+          markdown_table(["model", "seen: per seed", "unseen: per seed"], rows), ""]
+
+
 def _curve_table(cfg, result: dict) -> list[str]:
   """Success with the harness after 0 (the student before distillation), each of
   `study.curve_steps` and all `train.num_steps` updates, pooled over seeds, per split."""
@@ -425,6 +456,12 @@ def metrics(result: dict) -> dict:
                              for split, groups in splits.items()}
                          for s, splits in by.items()}
                   for name, by in result.get("seeds", {}).items()}
+  # Per model and split, against the student before on the same tasks: per seed, the tasks
+  # gained, lost, won by both and by neither.
+  if result.get("seeds"):
+    out["paired"] = {name: {split: [[p.gained, p.lost, p.both, p.neither] for p in ps]
+                            for split, ps in by.items()}
+                     for name, by in _paired(result).items()}
   # Per run, curve step and split: the games won and played by each seed that kept the step.
   out["curve"] = {name: {str(step): {split: [[text_metrics.success(g).successes,
                                               text_metrics.success(g).trials] for g in groups]

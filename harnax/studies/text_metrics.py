@@ -149,6 +149,56 @@ def summarize(episodes: Sequence[EpisodeTrace], *, within: int = 5) -> dict[str,
           "stall_escape": stall_escape(episodes, within=within)}
 
 
+@dataclasses.dataclass(frozen=True)
+class PairedWins:
+  """Two models' wins on the same tasks, episode by episode (`paired_wins`).
+
+  Attributes:
+    gained: episodes `after` won and `before` did not.
+    lost: episodes `before` won and `after` did not.
+    both, neither: episodes both won, and neither won.
+    p_value: the exact two-sided McNemar test of "no change": the probability, under
+      Binomial(gained + lost, 1/2), of a split of the discordant episodes at least as uneven
+      as this one; 1 when no episode differs.
+  """
+
+  gained: int
+  lost: int
+  both: int
+  neither: int
+  p_value: float
+
+
+def mcnemar_exact(gained: int, lost: int) -> float:
+  """Exact two-sided McNemar p-value of `gained` against `lost` discordant pairs:
+  ``min(1, 2 · P[Binomial(n, 1/2) <= min(gained, lost)])`` with ``n = gained + lost``."""
+  for name, v in (("gained", gained), ("lost", lost)):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+      raise ValueError(f"{name}: expected a count (int >= 0), got {v!r}")
+  n = int(gained) + int(lost)
+  if n == 0:
+    return 1.0
+  tail = sum(math.comb(n, i) for i in range(min(int(gained), int(lost)) + 1))
+  return min(1.0, 2.0 * tail / 2.0 ** n)
+
+
+def paired_wins(before: Sequence[EpisodeTrace], after: Sequence[EpisodeTrace]) -> PairedWins:
+  """Compares two evaluations of the same tasks in the same order, episode by episode.
+
+  A paired test sees what two Wilson intervals on the same tasks hide: most tasks are won (or
+  lost) by both models, and only the discordant ones carry information about a change.
+  """
+  before, after = _episodes(before), _episodes(after)
+  if len(before) != len(after):
+    raise ValueError(f"after: expected the {len(before)} episodes of `before` (the same tasks "
+                     f"in the same order), got {len(after)}")
+  a = np.array([bool(ep.won) for ep in before], bool)
+  b = np.array([bool(ep.won) for ep in after], bool)
+  gained, lost = int(np.sum(b & ~a)), int(np.sum(a & ~b))
+  return PairedWins(gained=gained, lost=lost, both=int(np.sum(a & b)),
+                    neither=int(np.sum(~a & ~b)), p_value=mcnemar_exact(gained, lost))
+
+
 def seed_bootstrap(groups: Sequence[Sequence[EpisodeTrace]], *, samples: int = 2000,
                    seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
   """Success pooled over training seeds, with a two-stage (cluster) bootstrap interval.

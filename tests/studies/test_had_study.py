@@ -161,13 +161,21 @@ def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
                    for s in cfg.teacher.eval.settings}}
   runs = {"had": {s: {split: [t for g in groups for t in g] for split, groups in by.items()}
                   for s, by in seeds["had"].items()}}
-  zero = _by([False], [False], cfg)
-  text = had_study.render(cfg, {"runs": runs, "teacher": zero, "student": zero,
+  zero = _by([False] * 4, [False] * 2, cfg)
+  teacher = _by([True, True, False, False], [False, False], cfg)
+  text = had_study.render(cfg, {"runs": runs, "teacher": teacher, "student": zero,
                                 "seeds": seeds})
   # Pooled 4/8 = 50 %, but drawing seeds {A, A} or {B, B} (each 1/4) gives 100 % or 0 %.
   assert "| had | 100, 0 | 50.0 [0, 100] | 100, 100 | 100.0 [100, 100] |" in text
-  m = had_study.metrics({"runs": runs, "teacher": zero, "student": zero, "seeds": seeds})
+  # Task by task against the student (who won nothing): seed A gains all 4 seen games, p =
+  # 2 / 2^4; seed B none, p = 1; each gains both unseen games, p = 2 / 2^2.
+  assert ("| had | +4/-0 (p 0.12); +0/-0 (p 1) | +2/-0 (p 0.5); +2/-0 (p 0.5) |" in text)
+  assert "| teacher | +2/-0 (p 0.5) | +0/-0 (p 1) |" in text
+  m = had_study.metrics({"runs": runs, "teacher": teacher, "student": zero, "seeds": seeds})
   assert m["seeds"]["had"]["with_harness"]["seen"] == [[4, 4], [0, 4]]
+  # gained, lost, won by both, by neither.
+  assert m["paired"]["had"]["seen"] == [[4, 0, 0, 0], [0, 0, 0, 4]]
+  assert m["paired"]["teacher"]["unseen"] == [[0, 0, 0, 2]]
 
 
 def test_report_and_metrics_give_the_learning_curve():

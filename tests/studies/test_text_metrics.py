@@ -143,3 +143,51 @@ def test_seed_bootstrap_empty_and_bad_inputs():
     tm.seed_bootstrap([_won(1, 2)], level=1.0)
   with pytest.raises(ValueError, match=r"episodes\[0\]"):
     tm.seed_bootstrap([[{"won": True}]])
+
+
+def _wins(flags):
+  return [_trace(bool(w), [0]) for w in flags]
+
+
+def test_paired_wins_by_hand():
+  before = _wins([1, 1, 0, 0, 1, 0, 0])
+  after = _wins([1, 0, 1, 1, 1, 0, 1])
+  p = tm.paired_wins(before, after)
+  assert (p.gained, p.lost, p.both, p.neither) == (3, 1, 2, 1)
+  # n = 4 discordant, min = 1: 2 * (C(4,0) + C(4,1)) / 16 = 10 / 16.
+  assert p.p_value == pytest.approx(10 / 16)
+  # Nothing differs: no evidence of change.
+  same = tm.paired_wins(before, before)
+  assert (same.gained, same.lost, same.p_value) == (0, 0, 1.0)
+  # 5 lost, none gained: 2 / 32.
+  assert tm.paired_wins(_wins([1] * 5), _wins([0] * 5)).p_value == pytest.approx(2 / 32)
+
+
+@pytest.mark.parametrize("gained,lost", [(0, 0), (0, 1), (3, 3), (1, 9), (12, 4), (0, 20),
+                                         (7, 30)])
+def test_mcnemar_exact_matches_scipy_binomtest(gained, lost):
+  n = gained + lost
+  expected = 1.0 if n == 0 else stats.binomtest(min(gained, lost), n, 0.5).pvalue
+  assert tm.mcnemar_exact(gained, lost) == pytest.approx(expected, rel=1e-12)
+  assert tm.mcnemar_exact(lost, gained) == tm.mcnemar_exact(gained, lost)
+
+
+def test_mcnemar_exact_by_enumeration():
+  # The definition, independently: every one of the 2^n equally likely splits of n discordant
+  # pairs, counting those at least as far from n/2 as the observed one.
+  rng = np.random.default_rng(0)
+  for n in range(1, 13):
+    outcomes = np.array(np.meshgrid(*[[0, 1]] * n)).reshape(n, -1).sum(0)
+    gained = int(rng.integers(0, n + 1))
+    far = np.abs(outcomes - n / 2) >= abs(gained - n / 2) - 1e-12
+    assert tm.mcnemar_exact(gained, n - gained) == pytest.approx(min(1.0, far.mean()))
+
+
+def test_paired_wins_bad_inputs():
+  with pytest.raises(ValueError, match="after: expected the 2 episodes"):
+    tm.paired_wins(_wins([1, 0]), _wins([1]))
+  with pytest.raises(ValueError, match=r"episodes\[0\]"):
+    tm.paired_wins([0.5], [0.5])
+  for bad in (-1, 1.5, True, None):
+    with pytest.raises(ValueError, match="gained: expected a count"):
+      tm.mcnemar_exact(bad, 2)
