@@ -47,7 +47,8 @@ def test_variants_set_method_game_budget_and_size():
   # The accelerator sizing changes the sizing and nothing else (same pair, same method).
   long, base = config_lib.get_config("had,long,budget2"), config_lib.get_config("had,budget2")
   changed = {"episodes_per_step", "batch_size", "workdir", "train.num_steps",
-             "train.checkpoint_every", "study.seeds", "study.curve_steps", "study.output_dir"}
+             "train.checkpoint_every", "study.seeds", "study.curve_steps", "study.output_dir",
+             "teacher.eval.per_type"}
 
   def flat(d, prefix=""):
     return {k2: v2 for k, v in d.items()
@@ -58,6 +59,9 @@ def test_variants_set_method_game_budget_and_size():
   assert long.episodes_per_step == 16 and long.train.num_steps == 400
   assert long.train.learning_rate == 1e-4 and long.teacher_budget == 2
   assert long.workdir.endswith("alfworld-had-long-budget2")
+  # Only how the teacher is evaluated changes, not what its build makes (it is reused).
+  assert text_agents.build_key(text_agents.config_dict(long.teacher)) == text_agents.build_key(
+      text_agents.config_dict(base.teacher))
   for bad in ("dpo", "had,webshop", "had,alfworld,scienceworld", "", "had,micro,micro_teacher",
               "had,scienceworld,micro_teacher", "had,micro,long", "had,long,long"):
     with pytest.raises(ValueError, match="variant"):
