@@ -405,12 +405,30 @@ def _paired_table(result: dict) -> list[str]:
     rows.append([name] + ["; ".join(f"+{p.gained}/-{p.lost} (p {p.p_value:.2g})"
                                     for p in by.get(split, [])) or "—"
                           for split in ("seen", "unseen")])
-  return ["### Against the student before, task by task (with the harness)", "",
-          "The same tasks in the same order: +gained (won now, not by the student before) / "
-          "-lost (the reverse), and the exact two-sided McNemar p-value of no change, one "
-          "per seed (the seeds share the tasks, so they are not pooled into one test). Tasks "
-          "that both or neither win carry no information about a change.", "",
-          markdown_table(["model", "seen: per seed", "unseen: per seed"], rows), ""]
+  out = ["### Against the student before, task by task (with the harness)", "",
+         "The same tasks in the same order: +gained (won now, not by the student before) / "
+         "-lost (the reverse), and the exact two-sided McNemar p-value of no change, one "
+         "per seed (the seeds share the tasks, so they are not pooled into one test). Tasks "
+         "that both or neither win carry no information about a change.", "",
+         markdown_table(["model", "seen: per seed", "unseen: per seed"], rows), ""]
+  had = result["seeds"].get("had", {}).get("with_harness", {})
+  others = [n for n in result["seeds"] if n != "had"]
+  if had and others:
+    rows = []
+    for name in others:
+      by = result["seeds"][name].get("with_harness", {})
+      cells = []
+      for split in ("seen", "unseen"):
+        pairs = [text_metrics.paired_wins(b, a)
+                 for a, b in zip(had.get(split, []), by.get(split, []))]
+        cells.append("; ".join(f"+{p.gained}/-{p.lost} (p {p.p_value:.2g})" for p in pairs)
+                     or "—")
+      rows.append([name] + cells)
+    out += ["### HAD against each other run, task by task (with the harness)", "",
+            "HAD's run of seed k against the other run of seed k on the same tasks: +tasks "
+            "HAD wins and the other does not / -the reverse, with the exact McNemar p-value.",
+            "", markdown_table(["against", "seen: per seed", "unseen: per seed"], rows), ""]
+  return out
 
 
 def _curve_table(cfg, result: dict) -> list[str]:

@@ -182,6 +182,26 @@ def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
   assert m["paired"]["teacher"]["unseen"] == [[0, 0, 0, 2]]
 
 
+def test_report_compares_had_with_each_other_run_task_by_task():
+  cfg = config_lib.get_config("had,micro")
+  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("had", "opd"), (), ()
+  t, f = _trace(True), _trace(False)
+  # Seed 0: HAD wins seen games 1-3, OPD games 3-4; seed 1: both win game 1 only.
+  seeds = {"had": {"with_harness": {"seen": [[t, t, t, f], [t, f, f, f]], "unseen": [[f], [t]]}},
+           "opd": {"with_harness": {"seen": [[f, f, t, t], [t, f, f, f]], "unseen": [[f], [f]]}}}
+  runs = {n: {s: {sp: [x for g in gs for x in g] for sp, gs in by.items()}
+              for s, by in seeds[n].items()} for n in seeds}
+  zero = _by([False] * 4, [False], cfg)
+  text = had_study.render(cfg, {"runs": runs, "teacher": zero, "student": zero, "seeds": seeds})
+  # HAD-only games: 2 (seed 0: games 1 and 2), OPD-only: 1 (game 4); p = 2 (1 + 3) / 8 = 1.
+  assert "| opd | +2/-1 (p 1); +0/-0 (p 1) | +0/-0 (p 1); +1/-0 (p 1) |" in text
+  assert "HAD against each other run" in text
+  one = {"had": seeds["had"]}
+  text = had_study.render(cfg, {"runs": {"had": runs["had"]}, "teacher": zero, "student": zero,
+                                "seeds": one})
+  assert "HAD against each other run" not in text       # nothing to compare with
+
+
 def test_report_and_metrics_give_the_learning_curve():
   cfg = config_lib.get_config("had,micro")
   cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("had",), (), ()
