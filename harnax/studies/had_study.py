@@ -387,47 +387,96 @@ def _paired(result: dict) -> dict:
   """`{model: {split: [PairedWins per seed]}}` with the harness, each evaluation against the
   student before distillation on the same tasks (the teacher: its one evaluation)."""
   before = result["student"].get("with_harness", {})
+  return {name: {split: [text_metrics.paired_wins(before[split], g) for g in groups]
+                 for split, groups in by.items() if split in before}
+          for name, by in _paired_models(result).items()}
+
+
+def _paired_models(result: dict) -> dict:
+  """`{model: {split: [episodes per seed]}}` with the harness, the teacher first (one group)."""
   models = {"teacher": {split: [traces] for split, traces
                         in result["teacher"].get("with_harness", {}).items()}}
   models.update({name: by.get("with_harness", {}) for name, by in result["seeds"].items()})
-  return {name: {split: [text_metrics.paired_wins(before[split], g) for g in groups]
-                 for split, groups in by.items() if split in before}
-          for name, by in models.items()}
+  return models
+
+
+def _pooled_against_student(result: dict) -> dict:
+  """`{model: {split: PooledPairedWins}}`: every seed's run against the student before."""
+  before = result["student"].get("with_harness", {})
+  return {name: {split: text_metrics.pooled_paired_wins([before[split]] * len(groups), groups)
+                 for split, groups in by.items() if split in before and groups}
+          for name, by in _paired_models(result).items()}
+
+
+def _pooled_had_against_others(result: dict) -> dict:
+  """`{run: {split: PooledPairedWins}}`: the other run of seed k (before) against HAD's run of
+  seed k (after), over the seeds both have."""
+  had = result["seeds"].get("had", {}).get("with_harness", {})
+  out = {}
+  for name, by in result["seeds"].items():
+    if name == "had" or not had:
+      continue
+    by = by.get("with_harness", {})
+    out[name] = {}
+    for split in ("seen", "unseen"):
+      k = min(len(had.get(split, [])), len(by.get(split, [])))
+      if k:
+        out[name][split] = text_metrics.pooled_paired_wins(by[split][:k], had[split][:k])
+  return out
+
+
+def _wins_cell(p) -> str:
+  """`+gained/-lost (p value)` of a `PairedWins` or `PooledPairedWins`."""
+  return f"+{p.gained}/-{p.lost} (p {p.p_value:.2g})"
+
+
+def _pooled_cell(p) -> str:
+  """The pooled test in the report: tasks ahead and behind over the seeds, and its p-value."""
+  return f"{p.ahead} ahead, {p.behind} behind (p {p.p_value:.2g})"
 
 
 def _paired_table(result: dict) -> list[str]:
-  """Each model against the student before, task by task: tasks gained and lost, with the
-  exact McNemar p-value, per seed."""
+  """Each model against the student before, and HAD against each other run, task by task:
+  tasks gained and lost with the exact McNemar p-value per seed, and the seeds pooled by the
+  task-level sign-flip test (`text_metrics.pooled_paired_wins`)."""
   from harnax.studies.results import markdown_table
 
+  header = ["seen: per seed", "seen: seeds pooled", "unseen: per seed", "unseen: seeds pooled"]
+  paired, pooled = _paired(result), _pooled_against_student(result)
   rows = []
-  for name, by in _paired(result).items():
-    rows.append([name] + ["; ".join(f"+{p.gained}/-{p.lost} (p {p.p_value:.2g})"
-                                    for p in by.get(split, [])) or "—"
-                          for split in ("seen", "unseen")])
+  for name, by in paired.items():
+    row = [name]
+    for split in ("seen", "unseen"):
+      row.append("; ".join(_wins_cell(p) for p in by.get(split, [])) or "—")
+      row.append(_pooled_cell(pooled[name][split]) if split in pooled.get(name, {}) else "—")
+    rows.append(row)
   out = ["### Against the student before, task by task (with the harness)", "",
          "The same tasks in the same order: +gained (won now, not by the student before) / "
          "-lost (the reverse), and the exact two-sided McNemar p-value of no change, one "
-         "per seed (the seeds share the tasks, so they are not pooled into one test). Tasks "
-         "that both or neither win carry no information about a change.", "",
-         markdown_table(["model", "seen: per seed", "unseen: per seed"], rows), ""]
-  had = result["seeds"].get("had", {}).get("with_harness", {})
-  others = [n for n in result["seeds"] if n != "had"]
-  if had and others:
+         "per seed. Tasks that both or neither win carry no information about a change. The "
+         "seeds share the tasks, so their discordant tasks are not pooled into one McNemar "
+         "test; the pooled column sums each task's change over the seeds and counts the tasks "
+         "ahead and behind, with the exact sign-flip test over tasks (docs/text_eval.md).", "",
+         markdown_table(["model"] + header, rows), ""]
+  others = _pooled_had_against_others(result)
+  if others:
+    had = result["seeds"]["had"]["with_harness"]
     rows = []
-    for name in others:
+    for name, pooled in others.items():
       by = result["seeds"][name].get("with_harness", {})
-      cells = []
+      row = [name]
       for split in ("seen", "unseen"):
         pairs = [text_metrics.paired_wins(b, a)
                  for a, b in zip(had.get(split, []), by.get(split, []))]
-        cells.append("; ".join(f"+{p.gained}/-{p.lost} (p {p.p_value:.2g})" for p in pairs)
-                     or "—")
-      rows.append([name] + cells)
+        row.append("; ".join(_wins_cell(p) for p in pairs) or "—")
+        row.append(_pooled_cell(pooled[split]) if split in pooled else "—")
+      rows.append(row)
     out += ["### HAD against each other run, task by task (with the harness)", "",
             "HAD's run of seed k against the other run of seed k on the same tasks: +tasks "
-            "HAD wins and the other does not / -the reverse, with the exact McNemar p-value.",
-            "", markdown_table(["against", "seen: per seed", "unseen: per seed"], rows), ""]
+            "HAD wins and the other does not / -the reverse, with the exact McNemar p-value; "
+            "pooled: the tasks where HAD is ahead and behind over the seeds, with the exact "
+            "sign-flip test over tasks.",
+            "", markdown_table(["against"] + header, rows), ""]
   return out
 
 
@@ -480,6 +529,14 @@ def metrics(result: dict) -> dict:
     out["paired"] = {name: {split: [[p.gained, p.lost, p.both, p.neither] for p in ps]
                             for split, ps in by.items()}
                      for name, by in _paired(result).items()}
+    # The seeds pooled task by task: tasks ahead, tasks behind, and the sign-flip p-value.
+    def pooled(by):
+      return {split: {"ahead": p.ahead, "behind": p.behind, "seeds": p.seeds,
+                      "p_value": p.p_value} for split, p in by.items()}
+    out["pooled_paired"] = {name: pooled(by)
+                            for name, by in _pooled_against_student(result).items()}
+    out["had_against"] = {name: pooled(by)
+                          for name, by in _pooled_had_against_others(result).items()}
   # Per run, curve step and split: the games won and played by each seed that kept the step.
   out["curve"] = {name: {str(step): {split: [[text_metrics.success(g).successes,
                                               text_metrics.success(g).trials] for g in groups]

@@ -199,6 +199,91 @@ def paired_wins(before: Sequence[EpisodeTrace], after: Sequence[EpisodeTrace]) -
                     neither=int(np.sum(~a & ~b)), p_value=mcnemar_exact(gained, lost))
 
 
+@dataclasses.dataclass(frozen=True)
+class PooledPairedWins:
+  """Two methods' wins on the same tasks over several seeds (`pooled_paired_wins`).
+
+  Attributes:
+    gained, lost: discordant episodes summed over seeds (`PairedWins.gained`, `.lost`).
+    ahead, behind: tasks whose seed-summed difference d_t = Σ_k (after_k,t - before_k,t) is
+      positive, and negative.
+    seeds: how many seed pairs were pooled.
+    p_value: the exact two-sided paired sign-flip test on d_t (`sign_flip_p_value`); with one
+      seed it is McNemar's exact test (`mcnemar_exact`).
+  """
+
+  gained: int
+  lost: int
+  ahead: int
+  behind: int
+  seeds: int
+  p_value: float
+
+
+def sign_flip_p_value(scores: Sequence[int]) -> float:
+  """Exact two-sided p-value of the paired sign-flip (permutation) test on integer scores.
+
+  Under "no difference" each task's score is as likely to have either sign, so the observed
+  total is compared with the 2^m totals Σ ±|d_t| of the m non-zero scores:
+  ``P(|Σ ε_t |d_t|| >= |Σ d_t|)`` with independent fair signs ε_t. The distribution of the
+  total is built exactly by convolution over the integer scores (O(m · Σ|d_t|)), not sampled.
+  With every |d_t| = 1 it is McNemar's exact test.
+  """
+  values = []
+  for i, d in enumerate(scores):
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+      raise ValueError(f"scores[{i}]: expected an int, got {d!r}")
+    values.append(int(d))
+  observed = abs(sum(values))
+  sizes = [abs(d) for d in values if d]
+  counts = {0: 1}  # total -> number of sign patterns giving it (exact integers)
+  for size in sizes:
+    nxt: dict[int, int] = {}
+    for total, c in counts.items():
+      for v in (total + size, total - size):
+        nxt[v] = nxt.get(v, 0) + c
+    counts = nxt
+  tail = sum(c for total, c in counts.items() if abs(total) >= observed)
+  return tail / 2 ** len(sizes)
+
+
+def pooled_paired_wins(before: Sequence[Sequence[EpisodeTrace]],
+                       after: Sequence[Sequence[EpisodeTrace]]) -> PooledPairedWins:
+  """Compares two methods over seeds on the same tasks: seed k of `before` against seed k of
+  `after`, each a list of episodes on the same tasks in the same order.
+
+  Pooling the seeds' discordant episodes into one McNemar test would count one task several
+  times as if independent (the runs of every seed meet the same task, and its difficulty is
+  shared). The test instead sums each task's differences over the seeds, d_t ∈ [-K, K] for K
+  seeds, and applies the exact sign-flip test to the tasks: the task stays the unit, as in a
+  single-seed McNemar test. It assumes each task's d_t is symmetric about 0 under "no
+  difference" (exact when the two methods' runs are exchangeable).
+  """
+  before, after = list(before), list(after)
+  if not before:
+    raise ValueError("before: expected at least one seed's episodes, got none")
+  if len(after) != len(before):
+    raise ValueError(f"after: expected {len(before)} seeds (one per seed of `before`), got "
+                     f"{len(after)}")
+  diffs, gained, lost = None, 0, 0
+  for k, (b, a) in enumerate(zip(before, after)):
+    b, a = _episodes(b), _episodes(a)
+    if diffs is None:
+      diffs = np.zeros(len(b), int)
+    for name, group in (("before", b), ("after", a)):
+      if len(group) != len(diffs):
+        raise ValueError(f"{name}[{k}]: expected the {len(diffs)} episodes of before[0] (the "
+                         f"same tasks in the same order), got {len(group)}")
+    won_b = np.array([bool(ep.won) for ep in b], bool)
+    won_a = np.array([bool(ep.won) for ep in a], bool)
+    gained += int(np.sum(won_a & ~won_b))
+    lost += int(np.sum(won_b & ~won_a))
+    diffs += won_a.astype(int) - won_b.astype(int)
+  return PooledPairedWins(gained=gained, lost=lost, ahead=int(np.sum(diffs > 0)),
+                          behind=int(np.sum(diffs < 0)), seeds=len(before),
+                          p_value=sign_flip_p_value(diffs.tolist()))
+
+
 def seed_bootstrap(groups: Sequence[Sequence[EpisodeTrace]], *, samples: int = 2000,
                    seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
   """Success pooled over training seeds, with a two-stage (cluster) bootstrap interval.

@@ -172,14 +172,20 @@ def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
   # Pooled 4/8 = 50 %, but drawing seeds {A, A} or {B, B} (each 1/4) gives 100 % or 0 %.
   assert "| had | 100, 0 | 50.0 [0, 100] | 100, 100 | 100.0 [100, 100] |" in text
   # Task by task against the student (who won nothing): seed A gains all 4 seen games, p =
-  # 2 / 2^4; seed B none, p = 1; each gains both unseen games, p = 2 / 2^2.
-  assert ("| had | +4/-0 (p 0.12); +0/-0 (p 1) | +2/-0 (p 0.5); +2/-0 (p 0.5) |" in text)
-  assert "| teacher | +2/-0 (p 0.5) | +0/-0 (p 1) |" in text
+  # 2 / 2^4; seed B none, p = 1; each gains both unseen games, p = 2 / 2^2. Pooled over the
+  # seeds, task by task: each seen game is ahead by 1 (4 tasks, p = 2 / 2^4); each unseen game
+  # by 2 (2 tasks: 2 of the 4 sign patterns reach |total| 4, p = 1/2).
+  assert ("| had | +4/-0 (p 0.12); +0/-0 (p 1) | 4 ahead, 0 behind (p 0.12) "
+          "| +2/-0 (p 0.5); +2/-0 (p 0.5) | 2 ahead, 0 behind (p 0.5) |") in text
+  assert ("| teacher | +2/-0 (p 0.5) | 2 ahead, 0 behind (p 0.5) | +0/-0 (p 1) "
+          "| 0 ahead, 0 behind (p 1) |") in text
   m = had_study.metrics({"runs": runs, "teacher": teacher, "student": zero, "seeds": seeds})
   assert m["seeds"]["had"]["with_harness"]["seen"] == [[4, 4], [0, 4]]
   # gained, lost, won by both, by neither.
   assert m["paired"]["had"]["seen"] == [[4, 0, 0, 0], [0, 0, 0, 4]]
   assert m["paired"]["teacher"]["unseen"] == [[0, 0, 0, 2]]
+  assert m["pooled_paired"]["had"]["unseen"] == {"ahead": 2, "behind": 0, "seeds": 2,
+                                                 "p_value": 0.5}
 
 
 def test_report_compares_had_with_each_other_run_task_by_task():
@@ -194,7 +200,12 @@ def test_report_compares_had_with_each_other_run_task_by_task():
   zero = _by([False] * 4, [False], cfg)
   text = had_study.render(cfg, {"runs": runs, "teacher": zero, "student": zero, "seeds": seeds})
   # HAD-only games: 2 (seed 0: games 1 and 2), OPD-only: 1 (game 4); p = 2 (1 + 3) / 8 = 1.
-  assert "| opd | +2/-1 (p 1); +0/-0 (p 1) | +0/-0 (p 1); +1/-0 (p 1) |" in text
+  # Pooled: HAD - OPD summed over the seeds is (1, 1, 0, -1) seen, (1) unseen.
+  assert ("| opd | +2/-1 (p 1); +0/-0 (p 1) | 2 ahead, 1 behind (p 1) "
+          "| +0/-0 (p 1); +1/-0 (p 1) | 1 ahead, 0 behind (p 1) |") in text
+  m = had_study.metrics({"runs": runs, "teacher": zero, "student": zero, "seeds": seeds})
+  assert m["had_against"]["opd"]["seen"] == {"ahead": 2, "behind": 1, "seeds": 2,
+                                             "p_value": 1.0}
   assert "HAD against each other run" in text
   one = {"had": seeds["had"]}
   text = had_study.render(cfg, {"runs": {"had": runs["had"]}, "teacher": zero, "student": zero,

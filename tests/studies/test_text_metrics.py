@@ -191,3 +191,79 @@ def test_paired_wins_bad_inputs():
   for bad in (-1, 1.5, True, None):
     with pytest.raises(ValueError, match="gained: expected a count"):
       tm.mcnemar_exact(bad, 2)
+
+
+def _sign_flip_by_enumeration(scores):
+  # The definition, independently: all 2^m sign patterns of the non-zero scores, float64.
+  d = np.array([s for s in scores if s], float)
+  if d.size == 0:
+    return 1.0
+  signs = np.array(np.meshgrid(*[[-1.0, 1.0]] * d.size)).reshape(d.size, -1)
+  totals = np.abs((signs * np.abs(d)[:, None]).sum(0))
+  return float(np.mean(totals >= abs(d.sum()) - 1e-9))
+
+
+def test_sign_flip_p_value_by_enumeration():
+  rng = np.random.default_rng(1)
+  for m in range(0, 13):
+    scores = rng.integers(-3, 4, size=m).tolist()
+    assert tm.sign_flip_p_value(scores) == pytest.approx(_sign_flip_by_enumeration(scores),
+                                                         rel=1e-12)
+
+
+@pytest.mark.parametrize("gained,lost", [(0, 0), (0, 3), (4, 4), (2, 11), (25, 9)])
+def test_sign_flip_on_unit_scores_is_mcnemar(gained, lost):
+  n = gained + lost
+  expected = 1.0 if n == 0 else stats.binomtest(min(gained, lost), n, 0.5).pvalue
+  scores = [1] * gained + [-1] * lost + [0] * 5
+  assert tm.sign_flip_p_value(scores) == pytest.approx(expected, rel=1e-12)
+
+
+def test_pooled_paired_wins_by_hand():
+  # Two seeds, five tasks. d = after - before summed over seeds: [+2, 0, -1, +1, 0].
+  before = [_wins([0, 1, 1, 0, 1]), _wins([0, 0, 1, 0, 0])]
+  after = [_wins([1, 0, 0, 0, 1]), _wins([1, 1, 1, 1, 0])]
+  p = tm.pooled_paired_wins(before, after)
+  assert (p.gained, p.lost, p.ahead, p.behind, p.seeds) == (4, 2, 2, 1, 2)
+  # Non-zero |d| = (2, 1, 1), observed |total| = 2: the totals ±2±1±1 are
+  # 4, 2, 2, 0, 0, -2, -2, -4; six of the eight have |total| >= 2.
+  assert p.p_value == pytest.approx(6 / 8)
+  # Swapping the methods swaps the counts and keeps the p-value.
+  q = tm.pooled_paired_wins(after, before)
+  assert (q.gained, q.lost, q.ahead, q.behind, q.p_value) == (2, 4, 1, 2, p.p_value)
+
+
+def test_pooled_paired_wins_with_one_seed_is_paired_wins():
+  rng = np.random.default_rng(2)
+  for _ in range(5):
+    b, a = _wins(rng.integers(0, 2, 30)), _wins(rng.integers(0, 2, 30))
+    one, pooled = tm.paired_wins(b, a), tm.pooled_paired_wins([b], [a])
+    assert (pooled.gained, pooled.lost, pooled.ahead, pooled.behind) == (
+        one.gained, one.lost, one.gained, one.lost)
+    assert pooled.p_value == pytest.approx(one.p_value, rel=1e-12)
+
+
+def test_pooling_keeps_the_task_as_the_unit():
+  # Three seeds that all win the same 4 tasks the other method loses: 12 discordant pairs, but
+  # only 4 tasks of evidence. A McNemar test on the pooled pairs would say 2 / 2^12; the
+  # task-level test says 2 / 2^4.
+  before = [_wins([0, 0, 0, 0, 1, 0])] * 3
+  after = [_wins([1, 1, 1, 1, 1, 0])] * 3
+  p = tm.pooled_paired_wins(before, after)
+  assert (p.gained, p.lost, p.ahead) == (12, 0, 4)
+  assert tm.mcnemar_exact(12, 0) == pytest.approx(2 / 2 ** 12)
+  assert p.p_value == pytest.approx(2 / 2 ** 4)
+
+
+def test_pooled_paired_wins_bad_inputs():
+  with pytest.raises(ValueError, match="before: expected at least one seed"):
+    tm.pooled_paired_wins([], [])
+  with pytest.raises(ValueError, match="after: expected 2 seeds"):
+    tm.pooled_paired_wins([_wins([1])] * 2, [_wins([1])])
+  with pytest.raises(ValueError, match=r"after\[1\]: expected the 2 episodes"):
+    tm.pooled_paired_wins([_wins([1, 0])] * 2, [_wins([1, 0]), _wins([1])])
+  with pytest.raises(ValueError, match=r"before\[1\]: expected the 2 episodes"):
+    tm.pooled_paired_wins([_wins([1, 0]), _wins([1, 0, 1])], [_wins([1, 0])] * 2)
+  for bad in (1.5, True, None):
+    with pytest.raises(ValueError, match=r"scores\[1\]: expected an int"):
+      tm.sign_flip_p_value([1, bad])
