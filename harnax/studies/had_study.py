@@ -104,7 +104,7 @@ def run_names(cfg) -> list[tuple[str, str, int]]:
 def run(cfg, *, log: Log | None = None) -> dict:
   """Builds, distils and evaluates (module docstring). Returns ``{"runs": {name: {setting:
   {split: traces}}}, "teacher": ..., "student": ..., "history": {name: [last metrics per
-  seed]}}``."""
+  seed]}, "digests": {name: [trained weights' digest per seed]}, ...}``."""
   from harnax.train import distill_loop
 
   check_study(cfg)
@@ -134,13 +134,13 @@ def run(cfg, *, log: Log | None = None) -> dict:
          "teacher": evaluate(teacher, t_tok, os.path.join(evals_dir, "teacher"))}
   student0, s_tok = text_agents.load_agent(student_dir)
   out["student"] = evaluate(student0, s_tok, os.path.join(evals_dir, "student"))
-  out["seeds"] = {}
+  out["seeds"], out["digests"] = {}, {}
   curve = sorted({int(v) for v in cfg.study.get("curve_steps", ())})
   out["curve"] = {}
   for name, method, budget in run_names(cfg):
     pooled = {s: {split: [] for split in evals} for s in ev.settings}
     per_seed = {s: {split: [] for split in evals} for s in ev.settings}
-    out["history"][name] = []
+    out["history"][name], out["digests"][name] = [], []
     out["curve"][name] = {step: {split: [] for split in evals} for step in curve}
     for seed in cfg.study.seeds:
       c = copy.deepcopy(cfg)
@@ -152,6 +152,7 @@ def run(cfg, *, log: Log | None = None) -> dict:
       trained, result = distill_loop.train(c, student, tok, teacher, make_game, tasks,
                                            workdir=workdir, teacher_tokenizer=t_tok)
       out["history"][name].append(result.history[-1] if result.history else {})
+      out["digests"][name].append(params_digest(trained))
       for step in curve:
         traces = _curve_point(c, student, tok, workdir, step, evaluate_with_harness, say)
         for split, ts in (traces or {}).items():
@@ -303,6 +304,7 @@ def render(cfg, result: dict) -> str:
   best = PAPER["success"]["best baseline"]
   rows.append(["paper: best baseline", "", "", "", "", f"{best['seen']} / {best['unseen']}"])
   lines += [markdown_table(header, rows), ""]
+  lines += _same_weights_note(result)
   if result.get("seeds"):
     lines += _seed_table(result["seeds"])
     lines += _paired_table(result)
@@ -357,6 +359,25 @@ def render(cfg, result: dict) -> str:
             "The paper's budget control: OPD and SOPD with twice the teacher budget rise from "
             "43.5 to 46.7 and 46.8, below HAD's 57.4.", ""]
   return "\n".join(lines)
+
+
+def same_weights(result: dict) -> list[tuple[str, ...]]:
+  """Groups of runs whose trained weights have the same digest in every seed (the same model
+  evaluated more than once, e.g. an ablation that reduces to a baseline), each sorted."""
+  groups = {}
+  for name, digests in (result.get("digests") or {}).items():
+    if digests:
+      groups.setdefault(tuple(digests), []).append(name)
+  return sorted(tuple(sorted(g)) for g in groups.values() if len(g) > 1)
+
+
+def _same_weights_note(result: dict) -> list[str]:
+  same = same_weights(result)
+  if not same:
+    return []
+  names = "; ".join(" = ".join(f"`{n}`" for n in g) for g in same)
+  return [f"**The same weights in every seed:** {names}. Their rows are one model evaluated "
+          "again, not independent agreement.", ""]
 
 
 def _seed_table(seeds: dict) -> list[str]:
@@ -517,6 +538,8 @@ def metrics(result: dict) -> dict:
         out[f"{name}/{s}/{split}"] = {k: {"successes": v.successes, "trials": v.trials}
                                       for k, v in text_metrics.summarize(traces).items()}
   out["history"] = result.get("history", {})
+  out["digests"] = result.get("digests", {})
+  out["same_weights"] = [list(g) for g in same_weights(result)]
   # Per run, setting and split: the games won and played by each training seed.
   out["seeds"] = {name: {s: {split: [[text_metrics.success(g).successes,
                                       text_metrics.success(g).trials] for g in groups]

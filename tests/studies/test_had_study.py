@@ -141,6 +141,24 @@ def test_report_shows_ours_with_intervals_beside_the_paper():
   assert m["had/with_harness/seen"]["success"] == {"successes": 1, "trials": 2}
 
 
+def test_report_names_runs_that_trained_the_same_weights():
+  cfg = config_lib.get_config("had,micro")
+  cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("had", "opd", "sopd"), (), ()
+  zero = _by([False], [False], cfg)
+  result = {"runs": {"had": zero, "opd": zero, "sopd": zero, "no_preference": zero},
+            "teacher": zero, "student": zero,
+            # sopd shares seed 0's weights only: not the same run.
+            "digests": {"had": ["h0", "h1"], "opd": ["o0", "o1"], "sopd": ["o0", "s1"],
+                        "no_preference": ["o0", "o1"]}}
+  assert had_study.same_weights(result) == [("no_preference", "opd")]
+  assert "**The same weights in every seed:** `no_preference` = `opd`." in had_study.render(
+      cfg, result)
+  assert had_study.metrics(result)["same_weights"] == [["no_preference", "opd"]]
+  result["digests"]["no_preference"] = ["o0", "n1"]
+  assert had_study.same_weights(result) == []
+  assert "same weights" not in had_study.render(cfg, result)
+
+
 def test_report_says_plainly_when_nothing_is_won():
   cfg = config_lib.get_config("had,micro")
   cfg.study.methods, cfg.study.ablations, cfg.study.budget2 = ("had",), (), ()
@@ -294,6 +312,8 @@ def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path,
     assert len(first[who]["with_harness"]["seen"]) == n_tasks
   assert len(first["runs"]["opd"]["with_harness"]["unseen"]) == n_tasks
   assert len(first["history"]["opd"]) == 1 and first["history"]["opd"][0]["step"] == 0
+  with open(os.path.join(cfg.study.output_dir, "runs", "opd-seed0", "eval", "key.json")) as f:
+    assert first["digests"]["opd"] == [json.load(f)["params"]]
   assert "| opd |" in had_study.render(cfg, first).replace("`", "")
 
   # Run again: the finished run resumes at its last step and every evaluation is read back.
