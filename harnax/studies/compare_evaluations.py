@@ -1,0 +1,122 @@
+"""Two sets of kept evaluations compared task by task (docs/had.md, "Comparing evaluations").
+
+`had_study.evaluations` keeps every greedy evaluation as rollout logs beside a key (the weights'
+digest, the tasks, the decoding). Two models evaluated on the same tasks, in one study or in
+two (a run of another batch size, learning rate or step count against one of the study's), can
+therefore be compared afterwards without playing a game: `compare(before_dirs, after_dirs)`
+pairs seed k of one with seed k of the other and gives each split's success and the pooled
+task-level test (`text_metrics.pooled_paired_wins`).
+
+  python scripts/compare_evaluations.py --before=DIR[,DIR...] --after=DIR[,DIR...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+from harnax.studies import text_agents
+from harnax.studies import text_metrics
+from harnax.train import rollouts
+
+# Key fields that decide which episodes are played: two evaluations that differ in one of them
+# are not of the same tasks under the same rules (the weights and the vocabulary may differ:
+# comparing models is the point).
+MATCHED_FIELDS = ("format", "tasks", "window", "max_steps", "max_new_tokens")
+
+
+def read(directory: str, setting: str = "with_harness") -> tuple[dict, dict]:
+  """`(key, {split: [EpisodeTrace]})` of one evaluation kept by `had_study.evaluations`.
+
+  Raises ValueError when the directory holds no key, when a split's log for `setting` is
+  missing, or when a log's episodes are not the key's tasks in the key's order.
+  """
+  key_path = os.path.join(directory, "key.json")
+  if not os.path.isfile(key_path):
+    raise ValueError(f"directory: expected an evaluation kept by had_study.evaluations "
+                     f"(a key.json), found none in {directory!r}")
+  with open(key_path) as f:
+    key = json.load(f)
+  if not isinstance(key.get("tasks"), dict) or not key["tasks"]:
+    raise ValueError(f"{key_path}: expected a 'tasks' mapping of split to task names")
+  out = {}
+  for split, names in key["tasks"].items():
+    path = os.path.join(directory, f"{setting}-{split}.jsonl")
+    if not os.path.isfile(path):
+      raise ValueError(f"setting: {directory!r} has no {setting!r} evaluation of split "
+                       f"{split!r} ({os.path.basename(path)} is missing)")
+    records = rollouts.read_log(path)
+    played = [r["task"]["ident"] for _, recs in sorted(rollouts.episodes(records).items())
+              for r in recs if r.get("kind") == "reset"]
+    if played != list(names):
+      raise ValueError(f"{path}: expected the {len(names)} tasks of key.json in its order, the "
+                       f"log has {len(played)} episodes of other tasks or in another order "
+                       "(an evaluation stopped mid-write or a log from another key)")
+    out[split] = text_agents.traces_from_log(records)
+  return key, out
+
+
+def compare(before: Sequence[str], after: Sequence[str], *,
+            setting: str = "with_harness") -> dict:
+  """Seed k of `before` against seed k of `after`, task by task, per split.
+
+  Args:
+    before, after: evaluation directories (`had_study.evaluations`), one per seed; the same
+      directory may be repeated (the student before distillation against each seed of a run).
+    setting: the harness setting whose logs are compared.
+
+  Returns:
+    `{"splits": {split: {"before": Rate, "after": Rate, "paired": PooledPairedWins}},
+    "same_weights": [k, ...]}`: each side's success pooled over its distinct directories (a
+    repeated one counts once), and, the seed pairs whose weights' digests are equal (two names for
+    one model, whose comparison is empty by construction).
+  """
+  before, after = list(before), list(after)
+  if not before:
+    raise ValueError("before: expected at least one evaluation directory, got none")
+  if len(after) != len(before):
+    raise ValueError(f"after: expected {len(before)} evaluation directories (one per "
+                     f"directory of `before`), got {len(after)}")
+  read_ = {d: read(d, setting) for d in dict.fromkeys(before + after)}
+  first_key = read_[before[0]][0]
+  for d, (key, _) in read_.items():
+    for field in MATCHED_FIELDS:
+      if key.get(field) != first_key.get(field):
+        raise ValueError(f"{field}: {d!r} was evaluated with another {field} than "
+                         f"{before[0]!r}; only evaluations of the same tasks under the same "
+                         "decoding can be compared task by task")
+  splits = {}
+  for split in first_key["tasks"]:
+    b = [read_[d][1][split] for d in before]
+    a = [read_[d][1][split] for d in after]
+    splits[split] = {
+        "before": _pooled(read_, before, split), "after": _pooled(read_, after, split),
+        "paired": text_metrics.pooled_paired_wins(b, a)}
+  same = [k for k, (x, y) in enumerate(zip(before, after))
+          if read_[x][0].get("params") == read_[y][0].get("params")]
+  return {"splits": splits, "same_weights": same}
+
+
+def _pooled(read_: dict, directories: list, split: str) -> text_metrics.Rate:
+  return text_metrics.success([t for d in dict.fromkeys(directories) for t in read_[d][1][split]])
+
+
+def render(result: dict, *, before: str = "before", after: str = "after") -> str:
+  """A markdown table of `compare`'s result: success of each side (95 % Wilson interval,
+  pooled over seeds) and the tasks where `after` is ahead and behind, with the p-value."""
+  lines = [f"| split | {before} | {after} | tasks {after} is ahead / behind | p (sign-flip) |",
+           "|---|---|---|---|---|"]
+  for split, r in result["splits"].items():
+    p = r["paired"]
+    lines.append(f"| {split} | {_rate(r['before'])} | {_rate(r['after'])} | "
+                 f"{p.ahead} / {p.behind} | {p.p_value:.2g} |")
+  if result.get("same_weights"):
+    lines += ["", f"Seed pairs {result['same_weights']} have the same weights on both sides."]
+  return "\n".join(lines) + "\n"
+
+
+def _rate(rate: text_metrics.Rate) -> str:
+  lo, hi = rate.interval()
+  return (f"{rate.successes}/{rate.trials}, {100 * rate.value:.1f} % "
+          f"[{100 * lo:.0f}, {100 * hi:.0f}]")
