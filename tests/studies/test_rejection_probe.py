@@ -1,0 +1,76 @@
+"""The states after a rejected action (harnax.studies.rejection_probe) on hand-written logs,
+and the repeat count with a stand-in generator."""
+
+import pytest
+
+from harnax.studies import rejection_probe
+
+
+def _turn(episode, action, accepted, context="ctx", output=""):
+  return {"kind": "turn", "episode": episode, "action": action, "context": context,
+          "output": output, "harness": {"accepted": accepted}}
+
+
+def _log():
+  return [
+      {"kind": "run"},
+      # Episode 0: go (accepted), take rejected, then the turn after it.
+      {"kind": "reset", "episode": 0, "task": {"ident": "a"}},
+      _turn(0, "go to cabinet 1", True, "c0"),
+      _turn(0, "take mug 2 from cabinet 1", False, "c1"),
+      _turn(0, "take mug 2 from cabinet 1", False, "c2", "Think: x\nAction: take mug 2 from "
+            "cabinet 1"),
+      _turn(0, "go to cabinet 2", True, "c3"),
+      # Episode 1: a rejected 'open' first, then a rejected 'take'.
+      {"kind": "reset", "episode": 1, "task": {"ident": "b"}},
+      _turn(1, "open fridge 3", False, "d0"),
+      _turn(1, "take egg 1 from fridge 1", False, "d1"),
+      _turn(1, "go to fridge 1", True, "d2"),
+      # Episode 2: a turn without an action (never reached the game), then nothing rejected.
+      {"kind": "reset", "episode": 2, "task": {"ident": "c"}},
+      _turn(2, None, False, "e0"),
+      _turn(2, "look", True, "e1"),
+      # Episode 3: ends on its rejected action: no turn after it.
+      {"kind": "reset", "episode": 3, "task": {"ident": "d"}},
+      _turn(3, "take pen 1 from desk 1", False, "f0"),
+  ]
+
+
+def test_the_turn_after_the_first_rejection_of_each_episode():
+  states = rejection_probe.after_rejection(_log())
+  assert [(s.episode, s.turn, s.context, s.rejected) for s in states] == [
+      (0, 2, "c2", "take mug 2 from cabinet 1"), (1, 1, "d1", "open fridge 3")]
+  assert states[0].output.endswith("take mug 2 from cabinet 1")
+
+
+def test_a_verb_keeps_only_its_rejections():
+  states = rejection_probe.after_rejection(_log(), verb="take")
+  assert [(s.episode, s.context, s.rejected) for s in states] == [
+      (0, "c2", "take mug 2 from cabinet 1"), (1, "d2", "take egg 1 from fridge 1")]
+  assert rejection_probe.after_rejection(_log(), verb="heat") == []
+
+
+def test_repeats_counts_answers_whose_action_is_the_rejected_one():
+  states = rejection_probe.after_rejection(_log(), verb="take")
+  answers = {"c2": "Think: again.\nAction: Take mug 2 from cabinet 1",   # normalized: a repeat
+             "d2": "Think: elsewhere.\nAction: go to fridge 1"}
+  calls = []
+
+  def generate(contexts):
+    calls.append(list(contexts))
+    return [answers[c] for c in contexts]
+
+  rate, outputs = rejection_probe.repeats(generate, states, batch_size=1)
+  assert (rate.successes, rate.trials) == (1, 2)
+  assert outputs == [answers["c2"], answers["d2"]]
+  assert calls == [["c2"], ["d2"]]
+  rate, _ = rejection_probe.repeats(lambda cs: ["no action here"] * len(cs), states)
+  assert (rate.successes, rate.trials) == (0, 2)
+
+
+def test_bad_generators_and_batch_sizes_get_a_clear_error():
+  states = rejection_probe.after_rejection(_log())
+  with pytest.raises(ValueError, match="generate: expected 2 outputs"):
+    rejection_probe.repeats(lambda cs: ["Action: look"], states)
+  with pytest.raises(ValueError, match="batch_size: expected an int >= 1"):
+    rejection_probe.repeats(lambda cs: cs, states, batch_size=0)
