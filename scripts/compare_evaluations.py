@@ -18,6 +18,7 @@ _BEFORE = flags.DEFINE_list("before", None, "evaluation directories, one per see
 _AFTER = flags.DEFINE_list("after", None, "evaluation directories, one per seed of --before",
                            required=True)
 _SETTING = flags.DEFINE_string("setting", "with_harness", "harness setting to compare")
+_BY_TYPE = flags.DEFINE_bool("by_type", False, "also a row per split and task type")
 _LABELS = flags.DEFINE_list("labels", ["before", "after"], "the two columns' names")
 
 
@@ -26,7 +27,8 @@ def main(argv):
   if len(_LABELS.value) != 2:
     raise ValueError(f"labels: expected two names, got {_LABELS.value!r}")
   result = compare_evaluations.compare(_BEFORE.value, _AFTER.value, setting=_SETTING.value)
-  print(compare_evaluations.render(result, before=_LABELS.value[0], after=_LABELS.value[1]),
+  print(compare_evaluations.render(result, before=_LABELS.value[0], after=_LABELS.value[1],
+                                   by_type=_BY_TYPE.value),
         end="")
 
 

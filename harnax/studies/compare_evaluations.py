@@ -26,8 +26,9 @@ from harnax.train import rollouts
 MATCHED_FIELDS = ("format", "tasks", "window", "max_steps", "max_new_tokens")
 
 
-def read(directory: str, setting: str = "with_harness") -> tuple[dict, dict]:
-  """`(key, {split: [EpisodeTrace]})` of one evaluation kept by `had_study.evaluations`.
+def read(directory: str, setting: str = "with_harness") -> tuple[dict, dict, dict]:
+  """`(key, {split: [EpisodeTrace]}, {split: [task type]})` of one evaluation kept by
+  `had_study.evaluations` (the task types as logged; "" where a log has none).
 
   Raises ValueError when the directory holds no key, when a split's log for `setting` is
   missing, or when a log's episodes are not the key's tasks in the key's order.
@@ -40,21 +41,23 @@ def read(directory: str, setting: str = "with_harness") -> tuple[dict, dict]:
     key = json.load(f)
   if not isinstance(key.get("tasks"), dict) or not key["tasks"]:
     raise ValueError(f"{key_path}: expected a 'tasks' mapping of split to task names")
-  out = {}
+  out, types = {}, {}
   for split, names in key["tasks"].items():
     path = os.path.join(directory, f"{setting}-{split}.jsonl")
     if not os.path.isfile(path):
       raise ValueError(f"setting: {directory!r} has no {setting!r} evaluation of split "
                        f"{split!r} ({os.path.basename(path)} is missing)")
     records = rollouts.read_log(path)
-    played = [r["task"]["ident"] for _, recs in sorted(rollouts.episodes(records).items())
-              for r in recs if r.get("kind") == "reset"]
+    resets = [r for _, recs in sorted(rollouts.episodes(records).items()) for r in recs
+              if r.get("kind") == "reset"]
+    played = [r["task"]["ident"] for r in resets]
     if played != list(names):
       raise ValueError(f"{path}: expected the {len(names)} tasks of key.json in its order, the "
                        f"log has {len(played)} episodes of other tasks or in another order "
                        "(an evaluation stopped mid-write or a log from another key)")
     out[split] = text_agents.traces_from_log(records)
-  return key, out
+    types[split] = [str(r["task"].get("task_type", "")) for r in resets]
+  return key, out, types
 
 
 def compare(before: Sequence[str], after: Sequence[str], *,
@@ -68,9 +71,10 @@ def compare(before: Sequence[str], after: Sequence[str], *,
 
   Returns:
     `{"splits": {split: {"before": Rate, "after": Rate, "paired": PooledPairedWins}},
-    "same_weights": [k, ...]}`: each side's success pooled over its distinct directories (a
-    repeated one counts once), and, the seed pairs whose weights' digests are equal (two names for
-    one model, whose comparison is empty by construction).
+    "types": {split: {task type: the same}}, "same_weights": [k, ...]}`: each side's success
+    pooled over its distinct directories (a repeated one counts once), the same by task type
+    (as the first directory's log names them), and the seed pairs whose weights' digests are
+    equal (two names for one model, whose comparison is empty by construction).
   """
   before, after = list(before), list(after)
   if not before:
@@ -80,36 +84,50 @@ def compare(before: Sequence[str], after: Sequence[str], *,
                      f"directory of `before`), got {len(after)}")
   read_ = {d: read(d, setting) for d in dict.fromkeys(before + after)}
   first_key = read_[before[0]][0]
-  for d, (key, _) in read_.items():
+  for d, (key, _, _) in read_.items():
     for field in MATCHED_FIELDS:
       if key.get(field) != first_key.get(field):
         raise ValueError(f"{field}: {d!r} was evaluated with another {field} than "
                          f"{before[0]!r}; only evaluations of the same tasks under the same "
                          "decoding can be compared task by task")
-  splits = {}
+  splits, by_type = {}, {}
   for split in first_key["tasks"]:
-    b = [read_[d][1][split] for d in before]
-    a = [read_[d][1][split] for d in after]
-    splits[split] = {
-        "before": _pooled(read_, before, split), "after": _pooled(read_, after, split),
-        "paired": text_metrics.pooled_paired_wins(b, a)}
+    splits[split] = _side_by_side(read_, before, after, split, None)
+    types = read_[before[0]][2][split]
+    by_type[split] = {t: _side_by_side(read_, before, after, split,
+                                       [i for i, u in enumerate(types) if u == t])
+                      for t in dict.fromkeys(types)}
   same = [k for k, (x, y) in enumerate(zip(before, after))
           if read_[x][0].get("params") == read_[y][0].get("params")]
-  return {"splits": splits, "same_weights": same}
+  return {"splits": splits, "types": by_type, "same_weights": same}
 
 
-def _pooled(read_: dict, directories: list, split: str) -> text_metrics.Rate:
-  return text_metrics.success([t for d in dict.fromkeys(directories) for t in read_[d][1][split]])
+def _side_by_side(read_: dict, before: list, after: list, split: str, rows) -> dict:
+  """Both sides' pooled success and the pooled paired test on one split's episodes (`rows`:
+  their indices, None for all)."""
+  def pick(d):
+    traces = read_[d][1][split]
+    return traces if rows is None else [traces[i] for i in rows]
+  return {"before": text_metrics.success([t for d in dict.fromkeys(before) for t in pick(d)]),
+          "after": text_metrics.success([t for d in dict.fromkeys(after) for t in pick(d)]),
+          "paired": text_metrics.pooled_paired_wins([pick(d) for d in before],
+                                                    [pick(d) for d in after])}
 
 
-def render(result: dict, *, before: str = "before", after: str = "after") -> str:
+def render(result: dict, *, before: str = "before", after: str = "after",
+           by_type: bool = False) -> str:
   """A markdown table of `compare`'s result: success of each side (95 % Wilson interval,
-  pooled over seeds) and the tasks where `after` is ahead and behind, with the p-value."""
+  pooled over seeds) and the tasks where `after` is ahead and behind, with the p-value; with
+  `by_type`, a row per split and task type as well."""
   lines = [f"| split | {before} | {after} | tasks {after} is ahead / behind | p (sign-flip) |",
            "|---|---|---|---|---|"]
-  for split, r in result["splits"].items():
+  rows = [(split, r) for split, r in result["splits"].items()]
+  if by_type:
+    rows += [(f"{split}: {t}", r) for split, types in result["types"].items()
+             for t, r in types.items()]
+  for label, r in rows:
     p = r["paired"]
-    lines.append(f"| {split} | {_rate(r['before'])} | {_rate(r['after'])} | "
+    lines.append(f"| {label} | {_rate(r['before'])} | {_rate(r['after'])} | "
                  f"{p.ahead} / {p.behind} | {p.p_value:.2g} |")
   if result.get("same_weights"):
     lines += ["", f"Seed pairs {result['same_weights']} have the same weights on both sides."]

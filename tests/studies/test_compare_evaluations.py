@@ -11,6 +11,10 @@ import pytest
 from harnax.studies import compare_evaluations
 
 TASKS = {"seen": [f"s{i}" for i in range(7)], "unseen": [f"u{i}" for i in range(5)]}
+# Two task types, interleaved as a study's task lists are not (each split's by-type rows must
+# pick their episodes by type, not by position).
+TYPES = {name: ("pick" if i % 2 else "heat") for names in TASKS.values()
+         for i, name in enumerate(names)}
 
 
 def _write(directory, wins, *, params="p0", setting="with_harness", tasks=TASKS, window=1,
@@ -28,7 +32,8 @@ def _write(directory, wins, *, params="p0", setting="with_harness", tasks=TASKS,
       names[:2] = names[1::-1]
     lines = [{"kind": "run", "format": "harnax-text-rollouts/1"}]
     for ep, (name, won) in enumerate(zip(names, wins[split])):
-      lines.append({"kind": "reset", "episode": ep, "task": {"ident": name}})
+      lines.append({"kind": "reset", "episode": ep,
+                    "task": {"ident": name, "task_type": TYPES[name]}})
       lines.append({"kind": "turn", "episode": ep, "won": bool(won),
                     "harness": {"accepted": True, "consistent": True, "stalled": False}})
     with open(os.path.join(directory, f"{setting}-{split}.jsonl"), "w") as f:
@@ -66,6 +71,20 @@ def test_pooled_comparison_matches_a_hand_count_and_brute_force_p(tmp_path):
   assert result["same_weights"] == []
   table = compare_evaluations.render(result, before="student", after="HAD")
   assert "| split | student | HAD |" in table and table.count("\n") == 4
+  # By task type: the same count on each type's tasks alone.
+  for split, names in TASKS.items():
+    assert set(result["types"][split]) == {"pick", "heat"}
+    for kind in ("pick", "heat"):
+      rows = [i for i, n in enumerate(names) if TYPES[n] == kind]
+      d = sum(wins_a[k][split][rows].astype(int) - wins_b[k][split][rows].astype(int)
+              for k in range(3))
+      p = result["types"][split][kind]["paired"]
+      assert (p.ahead, p.behind) == (int(np.sum(d > 0)), int(np.sum(d < 0)))
+      assert p.p_value == pytest.approx(_brute_force_p(d.tolist()), abs=1e-12)
+      assert result["types"][split][kind]["before"].successes == sum(
+          int(w[split][rows].sum()) for w in wins_b)
+  by_type = compare_evaluations.render(result, by_type=True)
+  assert "| seen: pick |" in by_type and by_type.count("\n") == 4 + 4
 
 
 def test_a_directory_repeated_on_one_side_counts_once_in_its_success(tmp_path):
