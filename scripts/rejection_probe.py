@@ -7,7 +7,9 @@ distilled students lose"; the pipeline is `harnax.studies.rejection_probe`).
 
 For each run, the states come from its kept evaluation logs (`<run>/eval/`); its last
 checkpoint is restored and must have the evaluated weights' digest, and its greedy answers are
-checked against the logged ones before the three models are asked.
+checked against the logged ones before the three models are asked. The last column is the
+mean total log-probability (nats, end token included) of the run's answers that repeat, under
+the run, the student before distillation and the teacher.
 """
 
 import json
@@ -17,6 +19,7 @@ from absl import flags
 import ml_collections
 from ml_collections import config_flags
 
+from harnax.policies import text_agent
 from harnax.studies import had_study
 from harnax.studies import rejection_probe
 from harnax.studies import results
@@ -77,15 +80,22 @@ def main(argv):
         rejection_probe.greedy(student, s_tok, max_new_tokens=n_new), states)
     teach, _ = rejection_probe.repeats(
         rejection_probe.greedy(teacher, t_tok, max_new_tokens=n_new), states)
+    # How likely each model finds the run's own answer where that answer repeats.
+    rep = [(s.context, o) for s, o in zip(states, outputs)
+           if text_agent.parse_output(o).action == s.rejected]
+    lp = [rejection_probe.output_logprobs(m, t, [c for c, _ in rep], [o for _, o in rep]).mean()
+          if rep else float("nan")
+          for m, t in ((model, s_tok), (student, s_tok), (teacher, t_tok))]
     rows.append(f"| {run} (step {step}) | {len(states)} | {same_as_log}/{len(states)} | "
                 f"{rate.successes} ({_pct(rate)}) | {before.successes} ({_pct(before)}) | "
-                f"{teach.successes} ({_pct(teach)}) |")
+                f"{teach.successes} ({_pct(teach)}) | "
+                + " / ".join(f"{v:.1f}" for v in lp) + " |")
   what = f"a rejected '{verb}'" if verb else "a rejected action"
   print(f"States after {what} ({_SETTING.value}; the first per episode), and how many answers "
         "repeat it:\n")
   print("| run | states | run's answers = logged | run repeats | student before repeats | "
-        "teacher repeats |")
-  print("|---|---|---|---|---|---|")
+        "teacher repeats | log p of the run's repeats: run / student before / teacher |")
+  print("|---|---|---|---|---|---|---|")
   print("\n".join(rows))
 
 

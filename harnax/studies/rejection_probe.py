@@ -4,7 +4,9 @@
 An evaluation log (`had_study.evaluations`) keeps every turn's full context, so the states one
 model reached can be shown to other models: `after_rejection(records)` picks, in each episode,
 the first turn whose action the harness's monitor rejected and returns the context of the turn
-after it; `repeats(generate, states)` counts the answers there that repeat the rejected action.
+after it; `repeats(generate, states)` counts the answers there that repeat the rejected action,
+and `output_logprobs` scores an answer under any model (how likely the teacher found the
+answer a distilled student gives).
 Asked on the same states, a distilled student, the student before distillation and the teacher
 differ only in their weights, so a difference in how often they repeat is learned, not a
 difference in the states they happened to reach.
@@ -15,9 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
+import jax.numpy as jnp
+import numpy as np
+
+from harnax.models import logprobs
 from harnax.policies import text_agent
 from harnax.studies import text_metrics
 from harnax.train import rollouts
+from harnax.train import sft
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,3 +91,22 @@ def greedy(model, tokenizer, *, max_new_tokens: int) -> Callable[[list[str]], li
   """A `generate` for `repeats`: greedy decoding as the evaluations decode."""
   generator = rollouts.LMGenerator(model, tokenizer, max_new_tokens=max_new_tokens)
   return lambda contexts: [g.text for g in generator(contexts)]
+
+
+def output_logprobs(model, tokenizer, contexts: Sequence[str], outputs: Sequence[str], *,
+                    batch_size: int = 8) -> np.ndarray:
+  """`[N]` total log-probability (nats) of each output, its end token included, after its
+  context's prompt (`text_agent.format_prompt` with its defaults, as `rollouts.LMGenerator`
+  renders it), teacher-forced under `model`."""
+  if len(outputs) != len(contexts):
+    raise ValueError(f"outputs: expected {len(contexts)} (one per context), got {len(outputs)}")
+  if batch_size < 1:
+    raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+  out = []
+  for i in range(0, len(contexts), batch_size):
+    prompts = [text_agent.format_prompt(tokenizer, c) for c in contexts[i:i + batch_size]]
+    data = sft.encode_examples(tokenizer, prompts, list(outputs[i:i + batch_size]))
+    lp = logprobs.sequence_logprobs(model, jnp.asarray(data.ids),
+                                    jnp.asarray(data.attention_mask))
+    out.append(np.sum(np.where(data.loss_mask, np.asarray(lp), 0.0), axis=1))
+  return np.concatenate(out) if out else np.zeros(0)

@@ -74,3 +74,37 @@ def test_bad_generators_and_batch_sizes_get_a_clear_error():
     rejection_probe.repeats(lambda cs: ["Action: look"], states)
   with pytest.raises(ValueError, match="batch_size: expected an int >= 1"):
     rejection_probe.repeats(lambda cs: cs, states, batch_size=0)
+
+
+def test_output_logprobs_against_a_hand_shifted_log_softmax(tmp_path):
+  import jax
+  import numpy as np
+
+  from harnax import models
+  from harnax.models import tokenizer as tokenizer_lib
+  from harnax.policies import text_agent
+
+  contexts = ["You open the cabinet 1. In it, you see a mug 3.", "Nothing happens."]
+  outputs = ["Think: I take mug 3.\nAction: take mug 3 from cabinet 1", "Action: look"]
+  tok = tokenizer_lib.train_tokenizer(contexts + outputs, str(tmp_path / "tok"), vocab_size=300)
+  cfg = models.Qwen3Config.from_hf_dict({
+      "architectures": ["Qwen3ForCausalLM"], "vocab_size": tok.vocab_size, "hidden_size": 16,
+      "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "head_dim": 8, "max_position_embeddings": 512,
+      "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id})
+  model = models.from_config(cfg, seed=0)
+  got = rejection_probe.output_logprobs(model, tok, contexts, outputs, batch_size=1)
+  for c, o, value in zip(contexts, outputs, got):
+    prompt = tok.encode(text_agent.format_prompt(tok, c), add_special_tokens=False)
+    answer = tok.encode(o, add_special_tokens=False) + [tok.eos_token_id]
+    ids = prompt + answer
+    # One unpadded row; the logits at position t - 1 predict token t (causal attention makes
+    # them those of the prefix alone).
+    logits = np.asarray(model(jax.numpy.asarray([ids]))[0], np.float64)
+    lse = logits.max(-1) + np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1))
+    total = sum(logits[t - 1, ids[t]] - lse[t - 1] for t in range(len(prompt), len(ids)))
+    assert value == pytest.approx(total, rel=1e-5)
+  both = rejection_probe.output_logprobs(model, tok, contexts, outputs)   # one padded batch
+  np.testing.assert_allclose(both, got, rtol=1e-5)
+  with pytest.raises(ValueError, match="outputs: expected 2"):
+    rejection_probe.output_logprobs(model, tok, contexts, outputs[:1])
