@@ -7,11 +7,13 @@ distilled students lose"; the pipeline is `harnax.studies.rejection_probe`).
 
 For each run, the states come from its kept evaluation logs (`<run>/eval/`); its last
 checkpoint is restored and must have the evaluated weights' digest, and its greedy answers are
-checked against the logged ones before the three models are asked. The last column is the
-mean total log-probability (nats, end token included) of the run's answers that repeat, under
-the run, the student before distillation and the teacher.
+checked against the logged ones before the three models are asked. The second column counts,
+in the run's training rollouts (sampled), the turns after a rejected action that repeat it.
+The last column is the mean total log-probability (nats, end token included) of the run's
+answers that repeat, under the run, the student before distillation and the teacher.
 """
 
+import glob
 import json
 import os
 
@@ -24,6 +26,7 @@ from harnax.studies import had_study
 from harnax.studies import rejection_probe
 from harnax.studies import results
 from harnax.studies import text_agents
+from harnax.studies import text_metrics
 from harnax.train import distill_loop
 from harnax.train import loop as loop_lib
 from harnax.train import rollouts
@@ -86,16 +89,22 @@ def main(argv):
     lp = [rejection_probe.output_logprobs(m, t, [c for c, _ in rep], [o for _, o in rep]).mean()
           if rep else float("nan")
           for m, t in ((model, s_tok), (student, s_tok), (teacher, t_tok))]
-    rows.append(f"| {run} (step {step}) | {len(states)} | {same_as_log}/{len(states)} | "
+    per_update = [rejection_probe.logged_repeats(rollouts.read_log(path))
+                  for path in sorted(glob.glob(os.path.join(workdir, "rollouts", "*.jsonl")))]
+    trained = text_metrics.Rate(sum(r.successes for r in per_update),
+                                sum(r.trials for r in per_update))
+    rows.append(f"| {run} (step {step}) | {trained.successes}/{trained.trials} | "
+                f"{len(states)} | {same_as_log}/{len(states)} | "
                 f"{rate.successes} ({_pct(rate)}) | {before.successes} ({_pct(before)}) | "
                 f"{teach.successes} ({_pct(teach)}) | "
                 + " / ".join(f"{v:.1f}" for v in lp) + " |")
   what = f"a rejected '{verb}'" if verb else "a rejected action"
   print(f"States after {what} ({_SETTING.value}; the first per episode), and how many answers "
         "repeat it:\n")
-  print("| run | states | run's answers = logged | run repeats | student before repeats | "
-        "teacher repeats | log p of the run's repeats: run / student before / teacher |")
-  print("|---|---|---|---|---|---|---|")
+  print("| run | training rollouts: repeats after a rejection | states | run's answers = "
+        "logged | run repeats | student before repeats | teacher repeats | log p of the run's "
+        "repeats: run / student before / teacher |")
+  print("|---|---|---|---|---|---|---|---|")
   print("\n".join(rows))
 
 

@@ -64,6 +64,20 @@ def after_rejection(records: Sequence[dict], *, verb: str | None = None) -> list
   return out
 
 
+def logged_repeats(records: Sequence[dict]) -> text_metrics.Rate:
+  """Of every turn that follows a rejected action in a rollout log (not only the first per
+  episode), the share whose action is that rejected action: how often the logged model
+  repeated (a training rollout's sampled turns as well as a greedy evaluation's)."""
+  after = same = 0
+  for _, recs in sorted(rollouts.episodes(records).items()):
+    turns = [r for r in recs if r.get("kind") == "turn"]
+    for r, nxt in zip(turns, turns[1:]):
+      if r.get("action") and not (r.get("harness") or {}).get("accepted", True):
+        after += 1
+        same += nxt.get("action") == r.get("action")
+  return text_metrics.Rate(successes=same, trials=after)
+
+
 def repeats(generate: Callable[[list[str]], list[str]], states: Sequence[ProbeState], *,
             batch_size: int = 8) -> tuple[text_metrics.Rate, list[str]]:
   """`(Rate of answers whose action is the rejected one, the answers)`.

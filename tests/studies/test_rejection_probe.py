@@ -50,6 +50,13 @@ def test_a_verb_keeps_only_its_rejections():
   assert rejection_probe.after_rejection(_log(), verb="heat") == []
 
 
+def test_logged_repeats_counts_every_turn_after_a_rejection():
+  rate = rejection_probe.logged_repeats(_log())
+  # Episode 0: two rejections followed by a turn (one repeat); episode 1: two (no repeat);
+  # episode 2: the turn without an action is not a rejected action; episode 3: none after.
+  assert (rate.successes, rate.trials) == (1, 4)
+
+
 def test_repeats_counts_answers_whose_action_is_the_rejected_one():
   states = rejection_probe.after_rejection(_log(), verb="take")
   answers = {"c2": "Think: again.\nAction: Take mug 2 from cabinet 1",   # normalized: a repeat
