@@ -279,6 +279,10 @@ def render(cfg, result: dict) -> str:
            f"updates of {cfg.episodes_per_step} episodes each; seeds {tuple(cfg.study.seeds)} "
            "pooled. Cells: success % [95 % Wilson interval] (won/episodes). The paper's numbers "
            "are ALFWorld, Qwen3-8B teacher and Qwen3-1.7B student.", ""]
+  if cfg.get("rd_after_rejection", "keep") != "keep":
+    lines += ["**Not the published losses:** every run's reverse KL leaves out the turns right "
+              f"after a rejected action (`rd_after_rejection={cfg.rd_after_rejection!r}`; "
+              "docs/had.md).", ""]
   wins = sum(text_metrics.success([t for s in by.values() for sp in s.values() for t in sp])
              .successes for by in runs.values())
   teacher_wins = text_metrics.success(

@@ -15,7 +15,9 @@ One update (:func:`distill_step_data` then :func:`grads_and_metrics`):
    context (`a⁺`) and the same state without the harness (`a⁻`) in one batched generation;
    `harnax.train.had` turns them into pairs (unparsable outputs counted, never raised).
 4. **The loss** (:func:`loss_terms`): the (weighted) reverse KL on the response tokens plus,
-   for HAD, the action preference balanced by `λ = ‖∇L_RD‖ / ‖∇L_pref‖`. Its only inputs are
+   for HAD, the action preference balanced by `λ = ‖∇L_RD‖ / ‖∇L_pref‖`. With
+   `rd_after_rejection="drop"` the turns right after a rejected action leave `L_RD` (a test
+   of why distilled students repeat rejected actions; docs/had.md). Its only inputs are
    token ids, masks, the teacher's scores and the pairs: no reward, success label or later
    turn reaches it.
 
@@ -50,6 +52,8 @@ METHODS = ("had", "opd", "sage_opd", "guided_opd", "sopd")
 ABLATIONS = ("no_validity_filter", "no_negative_action", "no_preference")
 ALL_METHODS = METHODS + ABLATIONS
 KL_FORMS = ("full", "sampled")
+# L_RD on the turns that follow a rejected action: kept (every method as published) or dropped.
+RD_AFTER_REJECTION = ("keep", "drop")
 
 
 # -- what the renderer passes along ----------------------------------------------------------
@@ -141,7 +145,8 @@ class StepData:
 
   Attributes:
     ids, attention_mask, response_mask: [N, T] each turn's `prompt + response + eos`, right
-      padded; the response mask marks the response tokens (eos included).
+      padded; the response mask marks the response tokens (eos included), and is cleared on
+      the turns after a rejected action when `rd_after_rejection` is "drop".
     positions: [N, K] the positions whose logits predict a response token
       (:func:`response_positions`; -1 pads): the only logits the loss reads, so the teacher's
       scores are kept, and the student's computed, there alone.
@@ -286,12 +291,19 @@ def _turns_from_log(log_path: str, collector: TurnCollector) -> list[dict]:
     raise RuntimeError(f"rollout log: {len(turns)} turns, the generator saw "
                        f"{len(collector.contexts)} contexts")
   out = []
+  rejected: dict[int, bool] = {}    # episode -> was its latest turn's action rejected?
   for r, ctx, by_teacher in zip(turns, collector.contexts, collector.by_teacher):
     if r["context"] != str(ctx):
       raise RuntimeError("rollout log: a turn's context differs from the one generated for")
+    episode = int(r["episode"])
+    # The previous turn's verdict is already in this turn's context (the monitor's message),
+    # so it is not later information.
+    after = rejected.get(episode, False)
+    rejected[episode] = bool(r["action"]) and (r.get("harness") or {}).get("accepted") is False
     # Only what the losses may read: no reward, score, won or later turn.
     out.append(dict(context=ctx, output=r["output"], reasoning=r.get("reasoning") or "",
-                    action=r["action"], observation=r["observation"], by_teacher=by_teacher))
+                    action=r["action"], observation=r["observation"], by_teacher=by_teacher,
+                    after_rejection=after))
   return out
 
 
@@ -356,10 +368,20 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
   ids = _pad_rows(data.ids, rows, tokenizer.pad_token_id or 0)
   attention = _pad_rows(data.attention_mask, rows, False)
   response = _pad_rows(data.loss_mask, rows, False)
+  dropped = 0
+  if cfg.get("rd_after_rejection", "keep") == "drop":
+    # The turns right after a rejected action leave L_RD (their response mask is cleared):
+    # the test of whether the token KL there teaches the student to repeat (docs/had.md).
+    drop = np.zeros(rows, bool)
+    drop[:len(turns)] = [bool(t.get("after_rejection")) for t in turns]
+    response = response & ~drop[:, None]
+    dropped = int(drop.sum())
   positions = response_positions(response, attention)
   t_logits, t_lp = teacher_scores(teacher, ids, attention, kl=kl, positions=positions,
                                   chunk=chunk)
-  stats = dict(student_tokens=int(response.sum()), teacher_scored_tokens=int(attention.sum()))
+  stats = dict(student_tokens=int(response.sum()), teacher_scored_tokens=int(attention.sum()),
+               turns_after_rejection=sum(bool(t.get("after_rejection")) for t in turns),
+               rd_dropped_turns=dropped)
   weights = None
   method = _method(cfg)
   if method == "sage_opd":
@@ -683,6 +705,10 @@ def check_config(cfg) -> None:
                      f"{cfg.teacher_budget!r}")
   if not cfg.temperature >= 0:
     raise ValueError(f"temperature: expected >= 0, got {cfg.temperature!r}")
+  if cfg.get("rd_after_rejection", "keep") not in RD_AFTER_REJECTION:
+    raise ValueError(f"rd_after_rejection: expected one of {RD_AFTER_REJECTION} (the turns "
+                     f"after a rejected action in L_RD, or not), got "
+                     f"{cfg.get('rd_after_rejection')!r}")
   if cfg.method == "guided_opd" and cfg.kl != "full":
     raise ValueError("kl: Guided-OPD trains on teacher-generated turns, where the sampled "
                      "estimator is biased; use kl='full'")
@@ -788,6 +814,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.max_new_tokens = 64
   c.max_prompt_tokens = ml_collections.FieldReference(None, field_type=int)
   c.temperature = 1.0
+  # "drop": the turns right after a rejected action leave the reverse KL (docs/had.md, "Masking
+  # the turns after a rejection"); the preference term still reads their states.
+  c.rd_after_rejection = "keep"
   c.length_bucket = 64
   # Rows (turns, or preference pairs) per forward in the teacher's scoring and the loss; the
   # gradients of the chunks are summed (the same update, memory bounded by the chunk).

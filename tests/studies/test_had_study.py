@@ -172,6 +172,10 @@ def test_report_says_plainly_when_nothing_is_won():
   cfg.teacher.eval.settings = ("with_harness", "harness_removed")
   text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
   assert "part of the harness hidden" not in text      # no such setting evaluated
+  assert "Not the published losses" not in text
+  cfg.rd_after_rejection = "drop"
+  text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
+  assert "**Not the published losses:**" in text and "rd_after_rejection='drop'" in text
 
 
 def test_report_gives_each_seed_and_the_bootstrap_over_seeds():

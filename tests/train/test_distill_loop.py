@@ -5,6 +5,8 @@ outputs counted, and the loss blind to reward, success and later turns."""
 
 import dataclasses
 import functools
+import json
+import types
 
 from flax import nnx
 import jax
@@ -319,6 +321,59 @@ def test_a_turn_rows_do_not_depend_on_later_turns(setup, tmp_path):
   np.testing.assert_allclose(full.turn_weights[0], first.turn_weights[0], rtol=1e-5)
 
 
+def test_turns_after_a_rejected_action_are_marked(tmp_path):
+  # Two episodes interleaved in the log, as a batched rollout writes them. Episode 0: accepted,
+  # rejected, rejected, accepted; episode 1: an unparsable output (no verdict: not a
+  # rejection), then a rejected action with the verdict flag missing from another (not marked).
+  def turn(ep, action, accepted):
+    harness = None if accepted is None else ({} if accepted == "?" else {"accepted": accepted})
+    return dict(kind="turn", episode=ep, context=f"c{ep}-{len(log)}", output="o",
+                reasoning="r", action=action, harness=harness, observation="x", reward=0.0)
+  log = []
+  for ep, action, accepted in ((0, "go to a", True), (1, None, None), (0, "take b", False),
+                               (1, "take c", False), (0, "take b", False), (1, "look", "?"),
+                               (0, "look", True), (1, "look", True)):
+    log.append(turn(ep, action, accepted))
+  path = tmp_path / "log.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in
+                            [{"format": rollouts.LOG_FORMAT}] + log) + "\n")
+  collector = types.SimpleNamespace(contexts=[r["context"] for r in log],
+                                    by_teacher=[False] * len(log))
+  turns = distill_loop._turns_from_log(str(path), collector)
+  assert [t["after_rejection"] for t in turns] == [False, False, False, False, True, True,
+                                                   True, False]
+  # Nothing the loss must not read rides along.
+  assert not {"reward", "harness", "won", "score"} & set(turns[0])
+
+
+@pytest.mark.slow
+def test_dropping_the_turns_after_a_rejection_is_training_on_the_others(setup, tmp_path):
+  tok, student, teacher, _ = setup
+  cfg, turns, prompt = _two_turns(setup, tmp_path, "opd")
+  turns = [dict(turns[0], after_rejection=False), dict(turns[1], after_rejection=True)]
+  keep = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt)
+  cfg.rd_after_rejection = "drop"
+  drop = distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt)
+  alone = distill_loop.build_step_data(cfg, turns[:1], tok, teacher, prompt=prompt)
+  assert keep.response_mask[1].any() and not drop.response_mask[1].any()
+  np.testing.assert_array_equal(keep.response_mask[0], drop.response_mask[0])
+  assert keep.stats["turns_after_rejection"] == drop.stats["turns_after_rejection"] == 1
+  assert keep.stats["rd_dropped_turns"] == 0 and drop.stats["rd_dropped_turns"] == 1
+  assert drop.stats["student_tokens"] == alone.stats["student_tokens"] == int(
+      keep.response_mask[0].sum())
+  # The update is the one on the first turn alone, and differs from keeping both.
+  graphdef, params, rest = nnx.split(student, nnx.Param, ...)
+  settings = distill_loop.loss_settings(cfg)
+  run = lambda d: distill_loop.loss_and_grads(graphdef, params, rest,  # noqa: E731
+                                              distill_loop.loss_arrays(d), **settings)
+  (g_drop, a_drop), (g_alone, a_alone), (g_keep, _) = run(drop), run(alone), run(keep)
+  np.testing.assert_allclose(a_drop["rd"], a_alone["rd"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_drop), jax.tree.leaves(g_alone)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(g_drop),
+                                                    jax.tree.leaves(g_keep)))
+
+
 def test_padded_rows_by_hand():
   pr = distill_loop.padded_rows
   assert [pr(n, 8) for n in (1, 3, 5, 8, 9, 17, 71)] == [1, 4, 8, 8, 16, 24, 72]
@@ -349,7 +404,8 @@ def test_bad_configs_are_named(setup, tmp_path):
   for field, value, match in (("method", "dpo", "method"), ("kl", "forward", "kl"),
                               ("teacher_budget", 3, "teacher_budget"),
                               ("max_turns", 0, "max_turns"), ("query_batch", 0, "query_batch"),
-                              ("chunk", 0, "chunk")):
+                              ("chunk", 0, "chunk"),
+                              ("rd_after_rejection", "mask", "rd_after_rejection")):
     cfg = _cfg("opd")
     cfg[field] = value
     with pytest.raises(ValueError, match=match):
