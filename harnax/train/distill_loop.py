@@ -814,8 +814,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.max_new_tokens = 64
   c.max_prompt_tokens = ml_collections.FieldReference(None, field_type=int)
   c.temperature = 1.0
-  # "drop": the turns right after a rejected action leave the reverse KL (docs/had.md, "Masking
-  # the turns after a rejection"); the preference term still reads their states.
+  # "drop": the turns right after a rejected action leave the reverse KL (docs/had.md, "Leaving
+  # the turns after a rejection out of L_RD"); the preference term still reads their states.
   c.rd_after_rejection = "keep"
   c.length_bucket = 64
   # Rows (turns, or preference pairs) per forward in the teacher's scoring and the loss; the
