@@ -88,6 +88,8 @@ def get_config(variant: str = "had") -> ml_collections.ConfigDict:
   # in [1, train.num_steps)), e.g. --config.study.curve_steps="(25,50,75)".
   c.study.curve_steps = ()
   c.study.output_dir = f"results/had_study/{game}"
+  # False leaves the teacher's evaluation out (the report says so): a study of students only.
+  c.study.evaluate_teacher = True
 
   if micro:
     c.student.agent_dir = c.student_dir = f"results/text_agents/{game}-micro-student"

@@ -130,8 +130,11 @@ def run(cfg, *, log: Log | None = None) -> dict:
                        max_new_tokens=int(ev.max_new_tokens), log=say)["with_harness"]
 
   evals_dir = os.path.join(cfg.study.output_dir, "eval")
+  # The teacher's evaluation (the slowest: it decodes the most) can be left out of a study
+  # that only compares students; the report then says so.
   out = {"runs": {}, "history": {},
-         "teacher": evaluate(teacher, t_tok, os.path.join(evals_dir, "teacher"))}
+         "teacher": (evaluate(teacher, t_tok, os.path.join(evals_dir, "teacher"))
+                     if cfg.study.get("evaluate_teacher", True) else {})}
   student0, s_tok = text_agents.load_agent(student_dir)
   out["student"] = evaluate(student0, s_tok, os.path.join(evals_dir, "student"))
   out["seeds"], out["digests"] = {}, {}
@@ -266,12 +269,19 @@ def _summary(by_setting: dict, setting: str = "with_harness") -> dict:
   return text_metrics.summarize(traces)
 
 
+def _models(result: dict) -> dict:
+  """`{model: {setting: {split: traces}}}`: every run, then the teacher (unless the study left
+  its evaluation out) and the student before distillation."""
+  teacher = {"teacher": result["teacher"]} if result["teacher"] else {}
+  return dict(result["runs"], **teacher, student=result["student"])
+
+
 def render(cfg, result: dict) -> str:
   """The report (markdown): our numbers with 95 % Wilson intervals beside the paper's."""
   from harnax.studies.results import markdown_table
 
   runs = result["runs"]
-  everyone = dict(runs, teacher=result["teacher"], student=result["student"])
+  everyone = _models(result)
   game = "ALFWorld" if cfg.game == "alfworld" else "ScienceWorld"
   lines = [f"# HAD and its baselines on {game}", "",
            f"Teacher `{os.path.basename(str(cfg.teacher_dir))}`, student "
@@ -283,6 +293,9 @@ def render(cfg, result: dict) -> str:
     lines += ["**Not the published losses:** every run's reverse KL leaves out the turns right "
               f"after a rejected action (`rd_after_rejection={cfg.rd_after_rejection!r}`; "
               "docs/had.md).", ""]
+  if not result["teacher"]:
+    lines += ["The teacher was not evaluated (`study.evaluate_teacher=False`): its rows are "
+              "left out.", ""]
   wins = sum(text_metrics.success([t for s in by.values() for sp in s.values() for t in sp])
              .successes for by in runs.values())
   teacher_wins = text_metrics.success(
@@ -291,7 +304,8 @@ def render(cfg, result: dict) -> str:
     lines += ["**The miniature does not reproduce the paper's comparisons: no distilled "
               "student wins a single evaluation game, so every success gap below is 0 and "
               "none of the paper's orderings can be observed.** "
-              + ("The teacher does not win either (docs/text_agents.md). " if not teacher_wins
+              + ("" if not result["teacher"] else
+                 "The teacher does not win either (docs/text_agents.md). " if not teacher_wins
                  else f"The teacher wins {teacher_wins} of its evaluation games. ")
               + "The behaviour metrics (utilization, stalls) still compare how the students act "
               "through the harness.", ""]
@@ -418,9 +432,12 @@ def _paired(result: dict) -> dict:
 
 
 def _paired_models(result: dict) -> dict:
-  """`{model: {split: [episodes per seed]}}` with the harness, the teacher first (one group)."""
+  """`{model: {split: [episodes per seed]}}` with the harness, the teacher first (one group;
+  none when it was not evaluated)."""
   models = {"teacher": {split: [traces] for split, traces
                         in result["teacher"].get("with_harness", {}).items()}}
+  if not result["teacher"]:
+    models = {}
   models.update({name: by.get("with_harness", {}) for name, by in result["seeds"].items()})
   return models
 
@@ -535,7 +552,7 @@ def _curve_table(cfg, result: dict) -> list[str]:
 def metrics(result: dict) -> dict:
   """Counts per model, setting and split (JSON)."""
   out = {}
-  everyone = dict(result["runs"], teacher=result["teacher"], student=result["student"])
+  everyone = _models(result)
   for name, by in everyone.items():
     for s, splits in by.items():
       for split, traces in splits.items():

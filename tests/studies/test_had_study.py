@@ -208,6 +208,16 @@ def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
   assert m["paired"]["teacher"]["unseen"] == [[0, 0, 0, 2]]
   assert m["pooled_paired"]["had"]["unseen"] == {"ahead": 2, "behind": 0, "seeds": 2,
                                                  "p_value": 0.5}
+  assert "not evaluated" not in text
+  # A study that left the teacher's evaluation out: no teacher row anywhere, and it says so.
+  result = {"runs": runs, "teacher": {}, "student": zero, "seeds": seeds}
+  text = had_study.render(cfg, result)
+  assert "The teacher was not evaluated (`study.evaluate_teacher=False`)" in text
+  assert "| teacher |" not in text and "| student |" in text
+  assert "| had | 100, 0 | 50.0 [0, 100] | 100, 100 | 100.0 [100, 100] |" in text
+  m = had_study.metrics(result)
+  assert "teacher" not in m["paired"] and not any(k.startswith("teacher/") for k in m)
+  assert m["paired"]["had"]["seen"] == [[4, 0, 0, 0], [0, 0, 0, 4]]
 
 
 def test_report_compares_had_with_each_other_run_task_by_task():
@@ -338,6 +348,14 @@ def test_a_micro_study_runs_end_to_end_and_a_second_run_redoes_nothing(tmp_path,
     m.setattr(text_agents, "evaluate", counted)
     had_study.run(cfg)
   assert calls == [3] * 6   # teacher, student, the run; seen and unseen
+
+  # Leaving the teacher out: only the student and the run are evaluated again.
+  ev.max_steps, cfg.study.evaluate_teacher, calls[:] = 4, False, []
+  with monkeypatch.context() as m:
+    m.setattr(text_agents, "evaluate", counted)
+    third = had_study.run(cfg)
+  assert calls == [4] * 4 and third["teacher"] == {}
+  assert "| teacher |" not in had_study.render(cfg, third)
 
 
 @pytest.mark.slow
