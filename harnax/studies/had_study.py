@@ -309,34 +309,39 @@ def render(cfg, result: dict) -> str:
                  else f"The teacher wins {teacher_wins} of its evaluation games. ")
               + "The behaviour metrics (utilization, stalls) still compare how the students act "
               "through the harness.", ""]
-  lines += ["## Success (%) with the harness and with it removed", ""]
-  header = ["model", "with harness / seen", "with harness / unseen", "removed / seen",
-            "removed / unseen", "paper (with, seen / unseen)"]
+  # The columns of the settings evaluated: with the harness always (check_study), removed if so.
+  shown = [s for s in ("with_harness", "harness_removed") if s in cfg.teacher.eval.settings]
+  lines += ["## Success (%) with the harness" + (" and with it removed" if len(shown) > 1
+                                                  else ""), ""]
+  header = (["model"] + [f"{'with harness' if s == 'with_harness' else 'removed'} / {split}"
+                         for s in shown for split in ("seen", "unseen")]
+            + ["paper (with, seen / unseen)"])
   rows = []
   for name, by in everyone.items():
     paper = PAPER["success"]["HAD"] if name == "had" else None
     rows.append([name] + [_pct(text_metrics.success(by.get(s, {}).get(split, [])))
-                          for s in ("with_harness", "harness_removed")
-                          for split in ("seen", "unseen")]
+                          for s in shown for split in ("seen", "unseen")]
                 + [f"{paper['seen']} / {paper['unseen']}" if paper else "—"])
   best = PAPER["success"]["best baseline"]
-  rows.append(["paper: best baseline", "", "", "", "", f"{best['seen']} / {best['unseen']}"])
+  rows.append(["paper: best baseline"] + [""] * (2 * len(shown))
+              + [f"{best['seen']} / {best['unseen']}"])
   lines += [markdown_table(header, rows), ""]
   lines += _same_weights_note(result)
   if result.get("seeds"):
     lines += _seed_table(result["seeds"])
     lines += _paired_table(result)
   lines += _curve_table(cfg, result)
-  lines += ["## HAD under the four settings", ""]
-  header = ["setting", "HAD seen", "HAD unseen", "paper seen", "paper unseen"]
-  rows = []
-  for s in cfg.teacher.eval.settings:
-    by = runs.get("had", {}).get(s, {})
-    p = PAPER["settings"].get(s, {})
-    rows.append([s, _pct(text_metrics.success(by.get("seen", []))),
-                 _pct(text_metrics.success(by.get("unseen", []))), _paper(p.get("seen")),
-                 _paper(p.get("unseen"))])
-  lines += [markdown_table(header, rows), ""]
+  if "had" in runs:
+    lines += ["## HAD under the four settings", ""]
+    header = ["setting", "HAD seen", "HAD unseen", "paper seen", "paper unseen"]
+    rows = []
+    for s in cfg.teacher.eval.settings:
+      by = runs["had"].get(s, {})
+      p = PAPER["settings"].get(s, {})
+      rows.append([s, _pct(text_metrics.success(by.get("seen", []))),
+                   _pct(text_metrics.success(by.get("unseen", []))), _paper(p.get("seen")),
+                   _paper(p.get("unseen"))])
+    lines += [markdown_table(header, rows), ""]
   # Every model with one part of the harness hidden: the paper reports HAD only; the teacher,
   # the student before distillation and the baselines show which part each one relies on.
   hidden = [s for s in ("state_tracking_hidden", "action_monitoring_hidden")
@@ -358,12 +363,7 @@ def render(cfg, result: dict) -> str:
   lines += [markdown_table(header, rows), "",
             "Paper: utilization HAD 81.0 vs 73.1 with response distillation only (74.4 without "
             "the negative action); stall prevention HAD 75.9 vs at most 64.6 for the others; "
-            "stall escape HAD 59.7 vs 46.8 for the student before distillation.", "",
-            "## Ablations and the teacher budget (success with the harness, seen and unseen "
-            "pooled)", "",
-            "The paper's figure here is the mean of the two splits with the harness (HAD's 57.4 "
-            "is the mean of its 51.4 seen and 63.4 unseen); pooling equal splits gives the "
-            "same mean.", ""]
+            "stall escape HAD 59.7 vs 46.8 for the student before distillation.", ""]
   header = ["run", "ours", "paper"]
   rows = []
   for name, paper in list(PAPER["ablations"].items()) + [
@@ -373,9 +373,14 @@ def render(cfg, result: dict) -> str:
       continue
     traces = [t for sp in by.get("with_harness", {}).values() for t in sp]
     rows.append([name, _pct(text_metrics.success(traces)), _paper(paper)])
-  lines += [markdown_table(header, rows), "",
-            "The paper's budget control: OPD and SOPD with twice the teacher budget rise from "
-            "43.5 to 46.7 and 46.8, below HAD's 57.4.", ""]
+  if rows:    # none when the study ran none of HAD, its ablations and the budget controls
+    lines += ["## Ablations and the teacher budget (success with the harness, seen and unseen "
+              "pooled)", "",
+              "The paper's figure here is the mean of the two splits with the harness (HAD's "
+              "57.4 is the mean of its 51.4 seen and 63.4 unseen); pooling equal splits gives "
+              "the same mean.", "", markdown_table(header, rows), "",
+              "The paper's budget control: OPD and SOPD with twice the teacher budget rise from "
+              "43.5 to 46.7 and 46.8, below HAD's 57.4.", ""]
   return "\n".join(lines)
 
 

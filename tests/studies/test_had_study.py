@@ -209,12 +209,21 @@ def test_report_gives_each_seed_and_the_bootstrap_over_seeds():
   assert m["pooled_paired"]["had"]["unseen"] == {"ahead": 2, "behind": 0, "seeds": 2,
                                                  "p_value": 0.5}
   assert "not evaluated" not in text
+  assert "## HAD under the four settings" in text and "## Ablations" in text
   # A study that left the teacher's evaluation out: no teacher row anywhere, and it says so.
   result = {"runs": runs, "teacher": {}, "student": zero, "seeds": seeds}
   text = had_study.render(cfg, result)
   assert "The teacher was not evaluated (`study.evaluate_teacher=False`)" in text
   assert "| teacher |" not in text and "| student |" in text
   assert "| had | 100, 0 | 50.0 [0, 100] | 100, 100 | 100.0 [100, 100] |" in text
+  # Only OPD, evaluated with the harness only: no HAD or ablation section, no empty column.
+  cfg.study.methods, cfg.teacher.eval.settings = ("opd",), ("with_harness",)
+  opd = {"opd": seeds["had"]}
+  text = had_study.render(cfg, {"runs": {"opd": runs["had"]}, "teacher": {}, "student": zero,
+                                "seeds": opd})
+  assert "## Success (%) with the harness\n" in text and "removed" not in text
+  assert "| student | 0.0 [0, 49] (0/4) | 0.0 [0, 66] (0/2) | — |" in text
+  assert "HAD under" not in text and "## Ablations" not in text
   m = had_study.metrics(result)
   assert "teacher" not in m["paired"] and not any(k.startswith("teacher/") for k in m)
   assert m["paired"]["had"]["seen"] == [[4, 0, 0, 0], [0, 0, 0, 4]]
