@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import tempfile
 from typing import Any, Callable, Sequence
@@ -157,6 +158,10 @@ class StepData:
       ones the term reads) or None; differ, valid: [M] bool; pair_states: the number of
       visited states, the preference term's denominator.
     stats: counts for the metrics (turns, tokens, unparsable teacher outputs, ...).
+    pair_log: HAD's pair at every visited state, one dict per turn (`episode`, `turn`, the
+      student's `action`, `positive`, `negative`, `differ`, `valid`, `unparsable`, `reason`
+      why `a⁺` was found invalid, `after_rejection`), or None when the loss reads no pairs:
+      kept beside the rollout log (`rollouts/pairs_step_*.jsonl`), never read by the loss.
   """
 
   ids: np.ndarray
@@ -171,6 +176,7 @@ class StepData:
   valid: Any
   pair_states: Any
   stats: dict
+  pair_log: list | None = None
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -303,7 +309,7 @@ def _turns_from_log(log_path: str, collector: TurnCollector) -> list[dict]:
     # Only what the losses may read: no reward, score, won or later turn.
     out.append(dict(context=ctx, output=r["output"], reasoning=r.get("reasoning") or "",
                     action=r["action"], observation=r["observation"], by_teacher=by_teacher,
-                    after_rejection=after))
+                    after_rejection=after, episode=episode, turn=r.get("turn")))
   return out
 
 
@@ -402,7 +408,7 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
     weights = _pad_rows(conf.astype(np.float32), rows, 0.0)
     stats["teacher_scored_tokens"] += int(pairs.attention_mask[0::2].sum())
     stats["sage_confidence"] = float(conf.mean())
-  pairs = differ = valid = pair_states = None
+  pairs = differ = valid = pair_states = pair_log = None
   # The teacher is asked for pairs only where the loss reads them (no_preference does not: its
   # run is OPD's, to the bit).
   if loss_settings(cfg)["pref"] is not None:
@@ -419,6 +425,12 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
     labels = had.preference_labels([o.text for o in outs[:n]], [o.text for o in outs[n:]],
                                    [t["context"].record for t in turns])
     valid = np.ones(n, bool) if cfg.method == "no_validity_filter" else labels.valid.copy()
+    pair_log = [dict(episode=t.get("episode"), turn=t.get("turn"), action=t["action"],
+                     positive=labels.positive[i], negative=labels.negative[i],
+                     differ=bool(labels.differ[i]), valid=bool(valid[i]),
+                     unparsable=bool(labels.unparsable[i]), reason=labels.reasons[i],
+                     after_rejection=bool(t.get("after_rejection")))
+                for i, t in enumerate(turns)]
     # Only the states whose answers differ can act (the term is exactly zero elsewhere), so
     # only their pairs are encoded and scored; one inactive pair stands in when none differs.
     keep = np.flatnonzero(labels.differ)
@@ -444,7 +456,7 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
   return StepData(ids=ids, attention_mask=attention, response_mask=response,
                   positions=positions, teacher_logits=t_logits, teacher_logprobs=t_lp,
                   turn_weights=weights, pairs=pairs, differ=differ, valid=valid,
-                  pair_states=pair_states, stats=stats)
+                  pair_states=pair_states, stats=stats, pair_log=pair_log)
 
 
 # -- the loss --------------------------------------------------------------------------------
@@ -737,7 +749,8 @@ def train(cfg, student, tokenizer, teacher, make_game: Callable, tasks: Sequence
     make_game: picklable `GameTask -> HarnessedGame` (both components on: the student trains
       through the harness).
     tasks: the training tasks, read cyclically, `episodes_per_step · teacher_budget` per step.
-    workdir: the run's directory (`metrics.jsonl`, `checkpoints/`, `rollouts/step_*.jsonl`).
+    workdir: the run's directory (`metrics.jsonl`, `checkpoints/`, `rollouts/step_*.jsonl`;
+      for HAD and its ablations also `rollouts/pairs_step_*.jsonl`, `StepData.pair_log`).
     teacher_tokenizer: checked to encode like ``tokenizer`` when given.
     teacher_generate: HAD's teacher queries (contexts -> [Generated]); default: the teacher's
       greedy generation.
@@ -777,6 +790,8 @@ def train(cfg, student, tokenizer, teacher, make_game: Callable, tasks: Sequence
                                max_prompt_tokens=cfg.get("max_prompt_tokens"))
     data = build_step_data(cfg, turns, tokenizer, teacher, prompt=gen.prompt,
                            teacher_generate=teacher_generate)
+    if log_path is not None and data.pair_log is not None:
+      _write_jsonl(os.path.join(logs, f"pairs_step_{step:06d}.jsonl"), data.pair_log)
     grads, aux = loss_and_grads(graphdef, p, rest, loss_arrays(data), **settings)
     metrics = {k: float(v) for k, v in aux.items()}
     metrics.update({k: float(v) for k, v in {**stats, **data.stats}.items()})
@@ -787,6 +802,15 @@ def train(cfg, student, tokenizer, teacher, make_game: Callable, tasks: Sequence
                           progress=progress, max_steps_this_run=max_steps_this_run,
                           traceable=False)
   return nnx.merge(graphdef, result.params, rest), result
+
+
+def _write_jsonl(path: str, records: list[dict]) -> None:
+  """One JSON object per line, written to a temporary name and renamed when complete."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+  os.replace(tmp, path)
 
 
 def restore_student(cfg, student, workdir: str, step: int):

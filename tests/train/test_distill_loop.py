@@ -226,6 +226,19 @@ def test_micro_update_of_every_method(setup, tmp_path, method):
     assert rec["pref"] == 0 and rec["lambda"] == 0
   with open(tmp_path / method / "metrics.jsonl") as f:
     assert len(f.readlines()) == 1
+  # HAD's pairs are kept beside the rollout log, one per visited state, in the log's order.
+  pairs_path = tmp_path / method / "rollouts" / "pairs_step_000000.jsonl"
+  if distill_loop.loss_settings(_cfg(method))["pref"] is None:
+    assert not pairs_path.exists()
+  else:
+    log = [r for r in rollouts.read_log(str(tmp_path / method / "rollouts" /
+                                            "step_000000.jsonl")) if r["kind"] == "turn"]
+    pairs = [json.loads(line) for line in pairs_path.read_text().splitlines()]
+    assert [(p["episode"], p["turn"], p["action"]) for p in pairs] == [
+        (r["episode"], r["turn"], r["action"]) for r in log]
+    # The stub teacher: "go to fridge 1" with the harness, "look" without.
+    assert all(p["differ"] and p["valid"] and not p["unparsable"] for p in pairs)
+    assert {(p["positive"], p["negative"]) for p in pairs} == {("go to fridge 1", "look")}
 
 
 @pytest.mark.slow
@@ -342,6 +355,7 @@ def test_turns_after_a_rejected_action_are_marked(tmp_path):
   turns = distill_loop._turns_from_log(str(path), collector)
   assert [t["after_rejection"] for t in turns] == [False, False, False, False, True, True,
                                                    True, False]
+  assert [t["episode"] for t in turns] == [0, 1, 0, 1, 0, 1, 0, 1]
   # Nothing the loss must not read rides along.
   assert not {"reward", "harness", "won", "score"} & set(turns[0])
 
