@@ -1,0 +1,110 @@
+"""What HAD's preference term trained on, read from a run's kept pairs (docs/had.md, "HAD with
+the turns after a rejection dropped").
+
+`distill_loop.train` keeps every visited state's pair beside the step's rollout log
+(`rollouts/pairs_step_*.jsonl`: `a⁺` from the teacher with the harness, `a⁻` without it,
+whether they differ and whether `a⁺` passed the validity filter). The term scores `a⁺` and
+`a⁻` appended after the student's own reasoning, so what it teaches depends on how they
+relate to that reasoning: `summarize` joins each pair to its turn and counts, over the active
+pairs (the two actions differ and the pair is valid), how often `a⁺` is the student's own
+action, and how often the reasoning names `a⁺`, `a⁻` or neither. A pair whose `a⁺` the
+reasoning does not name teaches an action the reasoning did not lead to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+from typing import Sequence
+
+from harnax.train import rollouts
+
+
+@dataclasses.dataclass(frozen=True)
+class PairCounts:
+  """Counts over a run's visited states (all ints).
+
+  Attributes:
+    states: visited states (one pair record each).
+    differ: states whose two teacher actions both parse and differ.
+    active: of those, the pairs the validity filter keeps (the term's only nonzero ones).
+    positive_is_action: active pairs whose `a⁺` is the student's own action there.
+    positive_named: active pairs whose `a⁺` the student's reasoning names.
+    negative_named: active pairs whose `a⁻` the reasoning names (and not `a⁺`).
+    neither_named: active pairs whose reasoning names neither.
+    after_rejection: active pairs at a turn right after a rejected action.
+  """
+
+  states: int = 0
+  differ: int = 0
+  active: int = 0
+  positive_is_action: int = 0
+  positive_named: int = 0
+  negative_named: int = 0
+  neither_named: int = 0
+  after_rejection: int = 0
+
+  def __add__(self, other: PairCounts) -> PairCounts:
+    return PairCounts(*(a + b for a, b in zip(dataclasses.astuple(self),
+                                              dataclasses.astuple(other))))
+
+
+def names(reasoning: str, action: str) -> bool:
+  """Whether `reasoning` names `action`: the action's words, in order, as whole words
+  ("go to cabinet 1" is not named by "go to cabinet 10")."""
+  if not action:
+    return False
+  pattern = r"\b" + r"\s+".join(re.escape(w) for w in action.lower().split()) + r"\b"
+  return re.search(pattern, reasoning.lower()) is not None
+
+
+def summarize(turn_records: Sequence[dict], pair_records: Sequence[dict]) -> PairCounts:
+  """Counts of one step's pairs against its rollout log (`PairCounts`).
+
+  Args:
+    turn_records: the step's rollout log (`rollouts.read_log`); only `kind == "turn"` records
+      are read.
+    pair_records: the step's `pairs_step_*.jsonl` records, one per turn.
+  Raises:
+    ValueError: a pair without a turn of the same episode, index and action in the log.
+  """
+  turns = {(r["episode"], r["turn"]): r for r in turn_records if r.get("kind") == "turn"}
+  counts = {f.name: 0 for f in dataclasses.fields(PairCounts)}
+  for p in pair_records:
+    turn = turns.get((p["episode"], p["turn"]))
+    if turn is None or turn.get("action") != p["action"]:
+      raise ValueError(f"pair_records: episode {p['episode']} turn {p['turn']} has no turn with "
+                       f"action {p['action']!r} in the rollout log")
+    counts["states"] += 1
+    counts["differ"] += bool(p["differ"])
+    if not (p["differ"] and p["valid"]):
+      continue
+    counts["active"] += 1
+    reasoning = turn.get("reasoning") or ""
+    counts["positive_is_action"] += p["positive"] == turn.get("action")
+    if names(reasoning, p["positive"]):
+      counts["positive_named"] += 1
+    elif names(reasoning, p["negative"]):
+      counts["negative_named"] += 1
+    else:
+      counts["neither_named"] += 1
+    counts["after_rejection"] += bool(p["after_rejection"])
+  return PairCounts(**counts)
+
+
+def run_counts(workdir: str) -> dict[int, PairCounts]:
+  """`{step: PairCounts}` of every step of a run that kept its pairs (`<workdir>/rollouts/`)."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(workdir, "rollouts", "pairs_step_*.jsonl"))):
+    step = int(os.path.basename(path)[len("pairs_step_"):-len(".jsonl")])
+    with open(path) as f:
+      pairs = [json.loads(line) for line in f if line.strip()]
+    log = rollouts.read_log(os.path.join(workdir, "rollouts", f"step_{step:06d}.jsonl"))
+    out[step] = summarize(log, pairs)
+  if not out:
+    raise ValueError(f"workdir: {workdir!r} kept no pairs (rollouts/pairs_step_*.jsonl): not a "
+                     "HAD run, or one trained before the pairs were kept")
+  return out

@@ -1,0 +1,49 @@
+"""What HAD's preference term trained on, per run and block of updates (docs/had.md; the
+pipeline is `harnax.studies.had_pairs`).
+
+  python scripts/had_pairs.py --runs=results/had_study/<study>/runs/had-seed0 --block=5
+
+Each run must have kept its pairs (`rollouts/pairs_step_*.jsonl`, written by
+`distill_loop.train` for HAD and its ablations). Over the active pairs (the teacher's two
+actions differ and the pair is valid): how often `a⁺` is the student's own action, and
+whether the student's reasoning names `a⁺`, `a⁻` or neither.
+"""
+
+from absl import flags
+
+from harnax.studies import had_pairs
+from harnax.studies import results
+
+_RUNS = flags.DEFINE_list("runs", None, "run directories (each with rollouts/)", required=True)
+_BLOCK = flags.DEFINE_integer("block", 5, "updates per row")
+
+
+def _pct(k: int, n: int) -> str:
+  return f"{k}/{n} ({100 * k / n:.0f} %)" if n else "0/0"
+
+
+def main(argv):
+  del argv
+  if _BLOCK.value < 1:
+    raise ValueError(f"block: expected an int >= 1, got {_BLOCK.value}")
+  header = ["run", "updates", "states", "differ", "active", "a⁺ = student's action",
+            "reasoning names a⁺", "names a⁻", "names neither", "after a rejection"]
+  rows = []
+  for run in _RUNS.value:
+    by_step = had_pairs.run_counts(run)
+    blocks = {}
+    for step, c in sorted(by_step.items()):
+      lo = step - step % _BLOCK.value
+      blocks[lo] = blocks.get(lo, had_pairs.PairCounts()) + c
+    total = sum(by_step.values(), had_pairs.PairCounts())
+    for lo, c in list(blocks.items()) + [("all", total)]:
+      span = "all" if lo == "all" else f"{lo}-{lo + _BLOCK.value - 1}"
+      rows.append([run, span, str(c.states), str(c.differ), str(c.active),
+                   _pct(c.positive_is_action, c.active), _pct(c.positive_named, c.active),
+                   _pct(c.negative_named, c.active), _pct(c.neither_named, c.active),
+                   _pct(c.after_rejection, c.active)])
+  print(results.markdown_table(header, rows))
+
+
+if __name__ == "__main__":
+  results.run_script(main)

@@ -1,0 +1,74 @@
+"""harnax.studies.had_pairs: a run's kept pairs read against its rollout log, counted by hand."""
+
+import json
+
+import pytest
+
+from harnax.studies import had_pairs
+from harnax.train import rollouts
+
+
+def _turn(episode, turn, action, reasoning):
+  return dict(kind="turn", episode=episode, turn=turn, action=action, reasoning=reasoning)
+
+
+def _pair(episode, turn, action, positive, negative, differ=True, valid=True, after=False):
+  return dict(episode=episode, turn=turn, action=action, positive=positive, negative=negative,
+              differ=differ, valid=valid, unparsable=False, reason=None, after_rejection=after)
+
+
+LOG = [_turn(0, 0, "go to cabinet 1", "Nothing seen. I go to cabinet 1."),
+       _turn(1, 0, "go to cabinet 10", "I go to cabinet 10."),
+       _turn(0, 1, "open cabinet 1", "It is closed. I open cabinet 1."),
+       _turn(1, 1, "take apple 1 from cabinet 10", "I take apple 1 from cabinet 10."),
+       _turn(0, 2, "look", "Lost. I look.")]
+PAIRS = [
+    # a⁺ is the student's action, named.
+    _pair(0, 0, "go to cabinet 1", "go to cabinet 1", "look"),
+    # "go to cabinet 1" is not named by "cabinet 10"; a⁻ is: negative named.
+    _pair(1, 0, "go to cabinet 10", "go to cabinet 1", "go to cabinet 10"),
+    # Not active: the teacher's two answers agree.
+    _pair(0, 1, "open cabinet 1", "open cabinet 1", "open cabinet 1", differ=False),
+    # Not active: a⁺ contradicts the record.
+    _pair(1, 1, "take apple 1 from cabinet 10", "take knife 1 from cabinet 10", "look",
+          valid=False),
+    # After a rejection, neither named.
+    _pair(0, 2, "look", "go to fridge 1", "inventory", after=True),
+]
+
+
+def test_pairs_are_counted_against_the_reasoning():
+  c = had_pairs.summarize([{"kind": "run"}] + LOG, PAIRS)
+  assert c == had_pairs.PairCounts(states=5, differ=4, active=3, positive_is_action=1,
+                                   positive_named=1, negative_named=1, neither_named=1,
+                                   after_rejection=1)
+  assert c + c == had_pairs.PairCounts(*(2 * v for v in (5, 4, 3, 1, 1, 1, 1, 1)))
+
+
+def test_names_matches_whole_words_in_order():
+  assert had_pairs.names("So I Go To  cabinet 1.", "go to cabinet 1")
+  assert not had_pairs.names("I go to cabinet 10", "go to cabinet 1")
+  assert not had_pairs.names("cabinet 1, go to", "go to cabinet 1")
+  assert not had_pairs.names("anything", "")
+
+
+def test_a_pair_without_its_turn_is_refused():
+  bad = [_pair(0, 1, "look", "look", "open cabinet 1")]    # turn 1 of episode 0 opened
+  with pytest.raises(ValueError, match="episode 0 turn 1 has no turn with action 'look'"):
+    had_pairs.summarize(LOG, bad)
+
+
+def test_a_run_is_read_step_by_step(tmp_path):
+  logs = tmp_path / "rollouts"
+  logs.mkdir()
+  for step, pairs in ((0, PAIRS[:2]), (1, PAIRS[2:])):
+    (logs / f"step_{step:06d}.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [{"format": rollouts.LOG_FORMAT}] + LOG) + "\n")
+    (logs / f"pairs_step_{step:06d}.jsonl").write_text(
+        "".join(json.dumps(p) + "\n" for p in pairs))
+  counts = had_pairs.run_counts(str(tmp_path))
+  assert sorted(counts) == [0, 1]
+  assert counts[0].active == 2 and counts[1].active == 1
+  assert counts[0] + counts[1] == had_pairs.summarize(LOG, PAIRS)
+  with pytest.raises(ValueError, match="kept no pairs"):
+    had_pairs.run_counts(str(tmp_path / "elsewhere"))
