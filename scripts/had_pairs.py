@@ -5,8 +5,9 @@ pipeline is `harnax.studies.had_pairs`).
 
 Each run must have kept its pairs (`rollouts/pairs_step_*.jsonl`, written by
 `distill_loop.train` for HAD and its ablations). Over the active pairs (the teacher's two
-actions differ and the pair is valid): how often `a⁺` is the student's own action, and
-whether the student's reasoning names `a⁺`, `a⁻` or neither.
+actions differ and the pair is valid): how often `a⁺` is the student's own action, how often
+the student's reasoning names `a⁺`, and how often `a⁺` is another action than the one the
+reasoning names and the student took.
 """
 
 from absl import flags
@@ -27,7 +28,7 @@ def main(argv):
   if _BLOCK.value < 1:
     raise ValueError(f"block: expected an int >= 1, got {_BLOCK.value}")
   header = ["run", "updates", "states", "differ", "active", "a⁺ = student's action",
-            "reasoning names a⁺", "names a⁻", "names neither", "after a rejection"]
+            "reasoning names a⁺", "a⁺ against the reasoning", "after a rejection"]
   rows = []
   for run in _RUNS.value:
     by_step = had_pairs.run_counts(run)
@@ -40,8 +41,7 @@ def main(argv):
       span = "all" if lo == "all" else f"{lo}-{lo + _BLOCK.value - 1}"
       rows.append([run, span, str(c.states), str(c.differ), str(c.active),
                    _pct(c.positive_is_action, c.active), _pct(c.positive_named, c.active),
-                   _pct(c.negative_named, c.active), _pct(c.neither_named, c.active),
-                   _pct(c.after_rejection, c.active)])
+                   _pct(c.against_reasoning, c.active), _pct(c.after_rejection, c.active)])
   print(results.markdown_table(header, rows))
 
 

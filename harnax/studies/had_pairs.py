@@ -7,8 +7,11 @@ whether they differ and whether `a⁺` passed the validity filter). The term sco
 `a⁻` appended after the student's own reasoning, so what it teaches depends on how they
 relate to that reasoning: `summarize` joins each pair to its turn and counts, over the active
 pairs (the two actions differ and the pair is valid), how often `a⁺` is the student's own
-action, and how often the reasoning names `a⁺`, `a⁻` or neither. A pair whose `a⁺` the
-reasoning does not name teaches an action the reasoning did not lead to.
+action, how often the reasoning names `a⁺`, and how often `a⁺` is another action than the one
+the reasoning names and the student took: such a pair favours an action the reasoning did not
+lead to. `names` matches the action's words literally, so a reasoning that paraphrases it
+("put the apple in" for "move apple 1 to") names nothing: the counts of named actions are
+lower bounds.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ class PairCounts:
     active: of those, the pairs the validity filter keeps (the term's only nonzero ones).
     positive_is_action: active pairs whose `a⁺` is the student's own action there.
     positive_named: active pairs whose `a⁺` the student's reasoning names.
-    negative_named: active pairs whose `a⁻` the reasoning names (and not `a⁺`).
-    neither_named: active pairs whose reasoning names neither.
+    against_reasoning: active pairs whose `a⁺` is not the student's action while the
+      reasoning names that action (the student did what it reasoned, the term favours
+      another action after the same reasoning).
     after_rejection: active pairs at a turn right after a rejected action.
   """
 
@@ -43,8 +47,7 @@ class PairCounts:
   active: int = 0
   positive_is_action: int = 0
   positive_named: int = 0
-  negative_named: int = 0
-  neither_named: int = 0
+  against_reasoning: int = 0
   after_rejection: int = 0
 
   def __add__(self, other: PairCounts) -> PairCounts:
@@ -83,14 +86,10 @@ def summarize(turn_records: Sequence[dict], pair_records: Sequence[dict]) -> Pai
     if not (p["differ"] and p["valid"]):
       continue
     counts["active"] += 1
-    reasoning = turn.get("reasoning") or ""
-    counts["positive_is_action"] += p["positive"] == turn.get("action")
-    if names(reasoning, p["positive"]):
-      counts["positive_named"] += 1
-    elif names(reasoning, p["negative"]):
-      counts["negative_named"] += 1
-    else:
-      counts["neither_named"] += 1
+    reasoning, action = turn.get("reasoning") or "", turn.get("action") or ""
+    counts["positive_is_action"] += p["positive"] == action
+    counts["positive_named"] += names(reasoning, p["positive"])
+    counts["against_reasoning"] += p["positive"] != action and names(reasoning, action)
     counts["after_rejection"] += bool(p["after_rejection"])
   return PairCounts(**counts)
 

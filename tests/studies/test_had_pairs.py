@@ -25,14 +25,14 @@ LOG = [_turn(0, 0, "go to cabinet 1", "Nothing seen. I go to cabinet 1."),
 PAIRS = [
     # a⁺ is the student's action, named.
     _pair(0, 0, "go to cabinet 1", "go to cabinet 1", "look"),
-    # "go to cabinet 1" is not named by "cabinet 10"; a⁻ is: negative named.
+    # "go to cabinet 1" is not named by "cabinet 10", the student's own action is: against.
     _pair(1, 0, "go to cabinet 10", "go to cabinet 1", "go to cabinet 10"),
     # Not active: the teacher's two answers agree.
     _pair(0, 1, "open cabinet 1", "open cabinet 1", "open cabinet 1", differ=False),
     # Not active: a⁺ contradicts the record.
     _pair(1, 1, "take apple 1 from cabinet 10", "take knife 1 from cabinet 10", "look",
           valid=False),
-    # After a rejection, neither named.
+    # After a rejection; a⁺ not named, the student's "look" is: against.
     _pair(0, 2, "look", "go to fridge 1", "inventory", after=True),
 ]
 
@@ -40,9 +40,13 @@ PAIRS = [
 def test_pairs_are_counted_against_the_reasoning():
   c = had_pairs.summarize([{"kind": "run"}] + LOG, PAIRS)
   assert c == had_pairs.PairCounts(states=5, differ=4, active=3, positive_is_action=1,
-                                   positive_named=1, negative_named=1, neither_named=1,
-                                   after_rejection=1)
-  assert c + c == had_pairs.PairCounts(*(2 * v for v in (5, 4, 3, 1, 1, 1, 1, 1)))
+                                   positive_named=1, against_reasoning=2, after_rejection=1)
+  assert c + c == had_pairs.PairCounts(*(2 * v for v in (5, 4, 3, 1, 1, 2, 1)))
+  # A reasoning that paraphrases the student's action names nothing: not counted against.
+  put = [_turn(0, 0, "move apple 1 to fridge 1", "I put apple 1 in fridge 1.")]
+  c = had_pairs.summarize(put, [_pair(0, 0, "move apple 1 to fridge 1", "go to fridge 1",
+                                      "look")])
+  assert (c.active, c.positive_named, c.against_reasoning) == (1, 0, 0)
 
 
 def test_names_matches_whole_words_in_order():
