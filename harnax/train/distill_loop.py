@@ -750,7 +750,8 @@ def train(cfg, student, tokenizer, teacher, make_game: Callable, tasks: Sequence
       through the harness).
     tasks: the training tasks, read cyclically, `episodes_per_step · teacher_budget` per step.
     workdir: the run's directory (`metrics.jsonl`, `checkpoints/`, `rollouts/step_*.jsonl`;
-      for HAD and its ablations also `rollouts/pairs_step_*.jsonl`, `StepData.pair_log`).
+      for HAD and the ablations with a preference term also `rollouts/pairs_step_*.jsonl`,
+      `StepData.pair_log`).
     teacher_tokenizer: checked to encode like ``tokenizer`` when given.
     teacher_generate: HAD's teacher queries (contexts -> [Generated]); default: the teacher's
       greedy generation.
