@@ -8,10 +8,10 @@ whether they differ and whether `a⁺` passed the validity filter). The term sco
 relate to that reasoning: `summarize` joins each pair to its turn and counts, over the active
 pairs (the two actions differ and the pair is valid), how often `a⁺` is the student's own
 action, how often the reasoning names `a⁺`, and how often `a⁺` is another action than the one
-the reasoning names and the student took: such a pair favours an action the reasoning did not
-lead to. `names` matches the action's words literally, so a reasoning that paraphrases it
-("put the apple in" for "move apple 1 to") names nothing: the counts of named actions are
-lower bounds.
+the reasoning names and the student took (`had.against_reasoning`): such a pair favours an
+action the reasoning did not lead to. `had.names_action` matches the action's words literally,
+so a reasoning that paraphrases it ("put the apple in" for "move apple 1 to") names nothing:
+the counts of named actions are lower bounds.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import dataclasses
 import glob
 import json
 import os
-import re
 from typing import Sequence
 
+from harnax.train import had
 from harnax.train import rollouts
 
 
@@ -55,15 +55,6 @@ class PairCounts:
                                               dataclasses.astuple(other))))
 
 
-def names(reasoning: str, action: str) -> bool:
-  """Whether `reasoning` names `action`: the action's words, in order, as whole words
-  ("go to cabinet 1" is not named by "go to cabinet 10")."""
-  if not action:
-    return False
-  pattern = r"\b" + r"\s+".join(re.escape(w) for w in action.lower().split()) + r"\b"
-  return re.search(pattern, reasoning.lower()) is not None
-
-
 def summarize(turn_records: Sequence[dict], pair_records: Sequence[dict]) -> PairCounts:
   """Counts of one step's pairs against its rollout log (`PairCounts`).
 
@@ -88,8 +79,8 @@ def summarize(turn_records: Sequence[dict], pair_records: Sequence[dict]) -> Pai
     counts["active"] += 1
     reasoning, action = turn.get("reasoning") or "", turn.get("action") or ""
     counts["positive_is_action"] += p["positive"] == action
-    counts["positive_named"] += names(reasoning, p["positive"])
-    counts["against_reasoning"] += p["positive"] != action and names(reasoning, action)
+    counts["positive_named"] += had.names_action(reasoning, p["positive"])
+    counts["against_reasoning"] += had.against_reasoning(reasoning, action, p["positive"])
     counts["after_rejection"] += bool(p["after_rejection"])
   return PairCounts(**counts)
 

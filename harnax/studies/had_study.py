@@ -293,6 +293,10 @@ def render(cfg, result: dict) -> str:
     lines += ["**Not the published losses:** every run's reverse KL leaves out the turns right "
               f"after a rejected action (`rd_after_rejection={cfg.rd_after_rejection!r}`; "
               "docs/had.md).", ""]
+  if cfg.get("pref_against_reasoning", "keep") != "keep":
+    lines += ["**Not the published preference term:** HAD's pairs whose a⁺ is another action "
+              "than the one the student's reasoning named and took are left out of it "
+              f"(`pref_against_reasoning={cfg.pref_against_reasoning!r}`; docs/had.md).", ""]
   if not result["teacher"]:
     lines += ["The teacher was not evaluated (`study.evaluate_teacher=False`): its rows are "
               "left out.", ""]

@@ -17,7 +17,9 @@ One update (:func:`distill_step_data` then :func:`grads_and_metrics`):
 4. **The loss** (:func:`loss_terms`): the (weighted) reverse KL on the response tokens plus,
    for HAD, the action preference balanced by `λ = ‖∇L_RD‖ / ‖∇L_pref‖`. With
    `rd_after_rejection="drop"` the turns right after a rejected action leave `L_RD` (a test
-   of why distilled students repeat rejected actions; docs/had.md). Its only inputs are
+   of why distilled students repeat rejected actions; docs/had.md). With
+   `pref_against_reasoning="drop"` the pairs whose `a⁺` is another action than the one the
+   student's reasoning named and took leave the preference term. Its only inputs are
    token ids, masks, the teacher's scores and the pairs: no reward, success label or later
    turn reaches it.
 
@@ -55,6 +57,9 @@ ALL_METHODS = METHODS + ABLATIONS
 KL_FORMS = ("full", "sampled")
 # L_RD on the turns that follow a rejected action: kept (every method as published) or dropped.
 RD_AFTER_REJECTION = ("keep", "drop")
+# HAD's pairs whose a⁺ goes against the student's reasoning (`had.against_reasoning`): kept (as
+# published) or left out of the preference term like the pairs the validity filter drops.
+PREF_AGAINST_REASONING = ("keep", "drop")
 
 
 # -- what the renderer passes along ----------------------------------------------------------
@@ -160,7 +165,8 @@ class StepData:
     stats: counts for the metrics (turns, tokens, unparsable teacher outputs, ...).
     pair_log: HAD's pair at every visited state, one dict per turn (`episode`, `turn`, the
       student's `action`, `positive`, `negative`, `differ`, `valid`, `unparsable`, `reason`
-      why `a⁺` was found invalid, `after_rejection`), or None when the loss reads no pairs:
+      why `a⁺` was found invalid, `after_rejection`, `against_reasoning`: `a⁺` goes against
+      the student's reasoning, `had.against_reasoning`), or None when the loss reads no pairs:
       kept beside the rollout log (`rollouts/pairs_step_*.jsonl`), never read by the loss.
   """
 
@@ -425,10 +431,20 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
     labels = had.preference_labels([o.text for o in outs[:n]], [o.text for o in outs[n:]],
                                    [t["context"].record for t in turns])
     valid = np.ones(n, bool) if cfg.method == "no_validity_filter" else labels.valid.copy()
+    against = np.array([had.against_reasoning(t.get("reasoning") or "", t["action"],
+                                              labels.positive[i]) for i, t in enumerate(turns)],
+                       bool)
+    stats["pairs_against_reasoning"] = int((labels.differ & valid & against).sum())
+    if cfg.get("pref_against_reasoning", "keep") == "drop":
+      # The test of whether the pairs that contradict the student's own reasoning are what
+      # costs HAD the unseen tasks (docs/had.md): they become inactive, their states stay in
+      # L_RD.
+      valid &= ~against
     pair_log = [dict(episode=t.get("episode"), turn=t.get("turn"), action=t["action"],
                      positive=labels.positive[i], negative=labels.negative[i],
                      differ=bool(labels.differ[i]), valid=bool(valid[i]),
                      unparsable=bool(labels.unparsable[i]), reason=labels.reasons[i],
+                     against_reasoning=bool(against[i]),
                      after_rejection=bool(t.get("after_rejection")))
                 for i, t in enumerate(turns)]
     # Only the states whose answers differ can act (the term is exactly zero elsewhere), so
@@ -721,6 +737,10 @@ def check_config(cfg) -> None:
     raise ValueError(f"rd_after_rejection: expected one of {RD_AFTER_REJECTION} (the turns "
                      f"after a rejected action in L_RD, or not), got "
                      f"{cfg.get('rd_after_rejection')!r}")
+  if cfg.get("pref_against_reasoning", "keep") not in PREF_AGAINST_REASONING:
+    raise ValueError(f"pref_against_reasoning: expected one of {PREF_AGAINST_REASONING} (HAD's "
+                     "pairs whose a⁺ goes against the student's reasoning in the preference "
+                     f"term, or not), got {cfg.get('pref_against_reasoning')!r}")
   if cfg.method == "guided_opd" and cfg.kl != "full":
     raise ValueError("kl: Guided-OPD trains on teacher-generated turns, where the sampled "
                      "estimator is biased; use kl='full'")
@@ -842,6 +862,10 @@ def default_config() -> ml_collections.ConfigDict:
   # "drop": the turns right after a rejected action leave the reverse KL (docs/had.md, "Leaving
   # the turns after a rejection out of L_RD"); the preference term still reads their states.
   c.rd_after_rejection = "keep"
+  # "drop": HAD's pairs whose a⁺ is another action than the one the student's reasoning named
+  # and took leave the preference term (docs/had.md, "HAD without the pairs against the
+  # reasoning"); every other pair, and every state's L_RD, is unchanged.
+  c.pref_against_reasoning = "keep"
   c.length_bucket = 64
   # Rows (turns, or preference pairs) per forward in the teacher's scoring and the loss; the
   # gradients of the chunks are summed (the same update, memory bounded by the chunk).

@@ -10,6 +10,9 @@ parts deleted (`a⁻`). :func:`preference_labels` turns the two teacher outputs 
   the two actions are the same after normalization;
 * `valid` is false where `a⁺` contradicts the harness record (`Record.contradiction`).
 
+:func:`against_reasoning` tells the pairs whose `a⁺` is another action than the one the
+student's reasoning named and the student took (a study's option leaves them out; docs/had.md).
+
 :func:`encode_action_pairs` builds, per state, the two sequences
 `prompt(context) + "Think: " + reasoning + "\\nAction: " + a±` and marks the action's tokens
 only; :func:`preference_loss` scores both with the student (`score_spans`: mean log-prob of the
@@ -19,6 +22,7 @@ action tokens) and applies :func:`harnax.train.distill.action_preference_loss`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Sequence
 
 import jax.numpy as jnp
@@ -76,6 +80,23 @@ def preference_labels(with_harness: Sequence[str], without_harness: Sequence[str
     reasons.append(reason)
   return PreferenceLabels(tuple(pos), tuple(neg), np.array(differ, bool), np.array(valid, bool),
                           np.array(bad, bool), tuple(reasons))
+
+
+def names_action(reasoning: str, action: str) -> bool:
+  """Whether `reasoning` names `action`: the action's words, in order, as whole words, case
+  and spacing ignored ("go to cabinet 1" is not named by "go to cabinet 10"). A paraphrase
+  ("put the apple in" for "move apple 1 to") names nothing."""
+  if not action or not action.strip():
+    return False
+  pattern = r"\b" + r"\s+".join(re.escape(w) for w in action.lower().split()) + r"\b"
+  return re.search(pattern, (reasoning or "").lower()) is not None
+
+
+def against_reasoning(reasoning: str, action: str | None, positive: str) -> bool:
+  """Whether a pair's `a⁺` goes against the student's reasoning: the reasoning names the
+  action the student took, and `a⁺` is another (parsed) action. The term then favours, after
+  that same reasoning, an action it did not lead to."""
+  return bool(positive) and positive != action and names_action(reasoning, action or "")
 
 
 @dataclasses.dataclass(frozen=True)

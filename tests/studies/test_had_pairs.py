@@ -49,13 +49,6 @@ def test_pairs_are_counted_against_the_reasoning():
   assert (c.active, c.positive_named, c.against_reasoning) == (1, 0, 0)
 
 
-def test_names_matches_whole_words_in_order():
-  assert had_pairs.names("So I Go To  cabinet 1.", "go to cabinet 1")
-  assert not had_pairs.names("I go to cabinet 10", "go to cabinet 1")
-  assert not had_pairs.names("cabinet 1, go to", "go to cabinet 1")
-  assert not had_pairs.names("anything", "")
-
-
 def test_a_pair_without_its_turn_is_refused():
   bad = [_pair(0, 1, "look", "look", "open cabinet 1")]    # turn 1 of episode 0 opened
   with pytest.raises(ValueError, match="episode 0 turn 1 has no turn with action 'look'"):

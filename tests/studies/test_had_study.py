@@ -176,6 +176,11 @@ def test_report_says_plainly_when_nothing_is_won():
   cfg.rd_after_rejection = "drop"
   text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
   assert "**Not the published losses:**" in text and "rd_after_rejection='drop'" in text
+  assert "Not the published preference term" not in text
+  cfg.pref_against_reasoning = "drop"
+  text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
+  assert ("**Not the published preference term:**" in text
+          and "pref_against_reasoning='drop'" in text)
 
 
 def test_report_gives_each_seed_and_the_bootstrap_over_seeds():

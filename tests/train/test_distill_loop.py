@@ -20,6 +20,7 @@ from harnax.models import tokenizer as tokenizer_lib
 from harnax.policies import text_agent
 from harnax.studies.text_agents import HarnessedGameMaker
 from harnax.train import distill_loop
+from harnax.train import had
 from harnax.train import rollouts
 from tests.train import tiny
 
@@ -388,6 +389,45 @@ def test_dropping_the_turns_after_a_rejection_is_training_on_the_others(setup, t
                                                     jax.tree.leaves(g_keep)))
 
 
+@pytest.mark.slow
+def test_pairs_against_the_reasoning_leave_the_preference_term(setup, tmp_path):
+  tok, student, teacher, _ = setup
+  cfg, turns, prompt = _two_turns(setup, tmp_path, "had")
+  # The stub teacher's a⁺ is "go to fridge 1": against the first turn's reasoning, which names
+  # the action taken; the second names nothing.
+  said = [("I look around first.", "look"), ("Nothing here yet.", "look")]
+  turns = [dict(t, reasoning=r, action=a, output=f"Think: {r}\nAction: {a}")
+           for t, (r, a) in zip(turns, said)]
+  build = lambda: distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt,  # noqa: E731
+                                               teacher_generate=StubTeacher())
+  keep = build()
+  cfg.pref_against_reasoning = "drop"
+  drop = build()
+  assert [p["against_reasoning"] for p in drop.pair_log] == [True, False]
+  assert [p["valid"] for p in keep.pair_log] == [True, True]
+  assert [p["valid"] for p in drop.pair_log] == [False, True]
+  assert keep.stats["pairs_against_reasoning"] == drop.stats["pairs_against_reasoning"] == 1
+  np.testing.assert_array_equal(keep.valid[:2], [True, True])
+  np.testing.assert_array_equal(drop.valid[:2], [False, True])
+  # Everything else the loss reads is the same: L_RD keeps both states.
+  for f in ("ids", "attention_mask", "response_mask", "positions", "teacher_logits", "differ"):
+    np.testing.assert_array_equal(getattr(keep, f), getattr(drop, f))
+  np.testing.assert_array_equal(keep.pairs.ids, drop.pairs.ids)
+  graphdef, params, rest = nnx.split(student, nnx.Param, ...)
+  settings = distill_loop.loss_settings(cfg)
+  run = lambda d: distill_loop.loss_and_grads(graphdef, params, rest,  # noqa: E731
+                                              distill_loop.loss_arrays(d), **settings)[1]
+  a_keep, a_drop = run(keep), run(drop)
+  assert int(a_keep["active_pairs"]) == 2 and int(a_drop["active_pairs"]) == 1
+  np.testing.assert_allclose(a_keep["rd"], a_drop["rd"], rtol=1e-6)
+  # By hand from the student's action scores: the dropped pair's state still counts in the
+  # term's denominator (pair_states), so the term is the kept pair's logistic loss over 2.
+  pos, neg = (np.asarray(x, np.float64) for x in had.action_means(student, keep.pairs))
+  softplus = lambda x: np.log1p(np.exp(x))  # noqa: E731
+  np.testing.assert_allclose(a_keep["pref"], softplus(neg[:2] - pos[:2]).sum() / 2, rtol=1e-5)
+  np.testing.assert_allclose(a_drop["pref"], softplus(neg[1] - pos[1]) / 2, rtol=1e-5)
+
+
 def test_padded_rows_by_hand():
   pr = distill_loop.padded_rows
   assert [pr(n, 8) for n in (1, 3, 5, 8, 9, 17, 71)] == [1, 4, 8, 8, 16, 24, 72]
@@ -419,7 +459,8 @@ def test_bad_configs_are_named(setup, tmp_path):
                               ("teacher_budget", 3, "teacher_budget"),
                               ("max_turns", 0, "max_turns"), ("query_batch", 0, "query_batch"),
                               ("chunk", 0, "chunk"),
-                              ("rd_after_rejection", "mask", "rd_after_rejection")):
+                              ("rd_after_rejection", "mask", "rd_after_rejection"),
+                              ("pref_against_reasoning", "mask", "pref_against_reasoning")):
     cfg = _cfg("opd")
     cfg[field] = value
     with pytest.raises(ValueError, match=match):

@@ -52,6 +52,23 @@ def test_labels_filter_contradictions_and_count_unparsable_outputs():
     had.preference_labels(with_h, without[:2], [rec] * 4)
 
 
+def test_names_action_matches_whole_words_in_order():
+  assert had.names_action("So I Go To  cabinet 1.", "go to cabinet 1")
+  assert not had.names_action("I go to cabinet 10", "go to cabinet 1")
+  assert not had.names_action("cabinet 1, go to", "go to cabinet 1")
+  assert not had.names_action("anything", "") and not had.names_action(None, "look")
+
+
+def test_against_reasoning_needs_the_named_action_taken_and_another_positive():
+  think = "The apple is not here, so I go to fridge 1."
+  assert had.against_reasoning(think, "go to fridge 1", "open cabinet 2")
+  assert not had.against_reasoning(think, "go to fridge 1", "go to fridge 1")   # a⁺ taken
+  assert not had.against_reasoning(think, "look", "open cabinet 2")     # action not named
+  assert not had.against_reasoning("I put it in.", "move apple 1 to fridge 1", "look")
+  assert not had.against_reasoning(think, "go to fridge 1", "")         # a⁺ unparsable
+  assert not had.against_reasoning(think, None, "look")                 # no student action
+
+
 def test_action_mask_covers_exactly_the_action_tokens(setup):
   tok, _ = setup
   pairs = had.encode_action_pairs(tok, CONTEXTS, ["I go there.", "Look first."],
