@@ -13,7 +13,6 @@ The last column is the mean total log-probability (nats, end token included) of 
 answers that repeat, under the run, the student before distillation and the teacher.
 """
 
-import glob
 import json
 import os
 
@@ -26,7 +25,6 @@ from harnax.studies import had_study
 from harnax.studies import rejection_probe
 from harnax.studies import results
 from harnax.studies import text_agents
-from harnax.studies import text_metrics
 from harnax.train import distill_loop
 from harnax.train import loop as loop_lib
 from harnax.train import rollouts
@@ -89,10 +87,7 @@ def main(argv):
     lp = [rejection_probe.output_logprobs(m, t, [c for c, _ in rep], [o for _, o in rep]).mean()
           if rep else float("nan")
           for m, t in ((model, s_tok), (student, s_tok), (teacher, t_tok))]
-    per_update = [rejection_probe.logged_repeats(rollouts.read_log(path))
-                  for path in sorted(glob.glob(os.path.join(workdir, "rollouts", "*.jsonl")))]
-    trained = text_metrics.Rate(sum(r.successes for r in per_update),
-                                sum(r.trials for r in per_update))
+    trained = rejection_probe.training_repeats(workdir)
     rows.append(f"| {run} (step {step}) | {trained.successes}/{trained.trials} | "
                 f"{len(states)} | {same_as_log}/{len(states)} | "
                 f"{rate.successes} ({_pct(rate)}) | {before.successes} ({_pct(before)}) | "

@@ -15,6 +15,8 @@ difference in the states they happened to reach.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
@@ -76,6 +78,18 @@ def logged_repeats(records: Sequence[dict]) -> text_metrics.Rate:
         after += 1
         same += nxt.get("action") == r.get("action")
   return text_metrics.Rate(successes=same, trials=after)
+
+
+def training_repeats(workdir: str) -> text_metrics.Rate:
+  """`logged_repeats` over every update's rollout log of a distillation run
+  (`<workdir>/rollouts/step_*.jsonl`; the `pairs_step_*.jsonl` files beside them are not
+  rollout logs and are not read)."""
+  paths = sorted(glob.glob(os.path.join(workdir, "rollouts", "step_*.jsonl")))
+  if not paths:
+    raise ValueError(f"workdir: {workdir!r} kept no rollout logs (rollouts/step_*.jsonl)")
+  per_update = [logged_repeats(rollouts.read_log(path)) for path in paths]
+  return text_metrics.Rate(successes=sum(r.successes for r in per_update),
+                           trials=sum(r.trials for r in per_update))
 
 
 def repeats(generate: Callable[[list[str]], list[str]], states: Sequence[ProbeState], *,

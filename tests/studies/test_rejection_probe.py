@@ -1,9 +1,12 @@
 """The states after a rejected action (harnax.studies.rejection_probe) on hand-written logs,
 and the repeat count with a stand-in generator."""
 
+import json
+
 import pytest
 
 from harnax.studies import rejection_probe
+from harnax.train import rollouts
 
 
 def _turn(episode, action, accepted, context="ctx", output=""):
@@ -55,6 +58,21 @@ def test_logged_repeats_counts_every_turn_after_a_rejection():
   # Episode 0: two rejections followed by a turn (one repeat); episode 1: two (no repeat);
   # episode 2: the turn without an action is not a rejected action; episode 3: none after.
   assert (rate.successes, rate.trials) == (1, 4)
+
+
+def test_training_repeats_reads_the_rollout_logs_only(tmp_path):
+  logs = tmp_path / "rollouts"
+  logs.mkdir()
+  with pytest.raises(ValueError, match="workdir"):
+    rejection_probe.training_repeats(str(tmp_path))
+  header = {"kind": "run", "format": rollouts.LOG_FORMAT}
+  for step in (0, 1):
+    (logs / f"step_{step:06d}.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [header] + _log()[1:]) + "\n")
+  # HAD's pairs beside them have no header: read as a log, they would be refused.
+  (logs / "pairs_step_000000.jsonl").write_text(json.dumps({"episode": 0, "turn": 0}) + "\n")
+  rate = rejection_probe.training_repeats(str(tmp_path))
+  assert (rate.successes, rate.trials) == (2, 8)
 
 
 def test_repeats_counts_answers_whose_action_is_the_rejected_one():
