@@ -131,6 +131,17 @@ def test_report_shows_ours_with_intervals_beside_the_paper():
   # Ablations pool both splits with the harness, as the paper's mean of the two does: 0 of 2
   # and 1 of 2 games (the other settings' games do not count).
   assert "| no_preference | 0.0 [0, 66] (0/2) | 43.5 |" in text
+  assert "OPD's runs" not in text
+  # Without its own run, no_preference is OPD's runs (the same update): 1 of 4 games.
+  cfg.study.ablations = ()
+  del runs["no_preference"]
+  text = had_study.render(cfg, result)
+  assert "| no_preference (OPD's runs: the same update) | 25.0 [5, 70] (1/4) | 43.5 |" in text
+  # No HAD or ablation run: no ablation table for OPD alone.
+  assert "Ablations and" not in had_study.render(cfg, dict(result, runs={"opd": runs["opd"]}))
+  cfg.study.ablations = ("no_preference",)
+  runs["no_preference"] = _by([False], [False], cfg)
+  text = had_study.render(cfg, result)
   assert "| opd_budget2 | 50.0 [9, 91] (1/2) | 46.7 |" in text
   assert "does not reproduce" not in text
   # Every model with part of the harness hidden, the paper's HAD beside them.
