@@ -297,6 +297,10 @@ def render(cfg, result: dict) -> str:
     lines += ["**Not the published preference term:** HAD's pairs whose a⁺ is another action "
               "than the one the student's reasoning named and took are left out of it "
               f"(`pref_against_reasoning={cfg.pref_against_reasoning!r}`; docs/had.md).", ""]
+  if cfg.get("pref_lambda") is not None:
+    lines += ["**Not the published balancing:** the preference term is weighted by a fixed "
+              f"λ = {float(cfg.pref_lambda):g}, not by the gradient-norm ratio of each "
+              "minibatch (`pref_lambda`; docs/had.md).", ""]
   if not result["teacher"]:
     lines += ["The teacher was not evaluated (`study.evaluate_teacher=False`): its rows are "
               "left out.", ""]

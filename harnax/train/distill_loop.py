@@ -19,9 +19,10 @@ One update (:func:`distill_step_data` then :func:`grads_and_metrics`):
    `rd_after_rejection="drop"` the turns right after a rejected action leave `L_RD` (a test
    of why distilled students repeat rejected actions; docs/had.md). With
    `pref_against_reasoning="drop"` the pairs whose `a⁺` is another action than the one the
-   student's reasoning named and took leave the preference term. Its only inputs are
-   token ids, masks, the teacher's scores and the pairs: no reward, success label or later
-   turn reaches it.
+   student's reasoning named and took leave the preference term. With a number for
+   `pref_lambda` that number replaces the balanced `λ` (a test of the balancing). Its only
+   inputs are token ids, masks, the teacher's scores and the pairs: no reward, success label
+   or later turn reaches it.
 
 :func:`train` runs the updates with `harnax.train.loop.train` (optax, orbax checkpoints with
 exact resume, `metrics.jsonl`, a progress line); every random choice is seeded by the step, so
@@ -558,7 +559,8 @@ def loss_settings(cfg) -> dict:
   weighting = {"sage_opd": "given", "sopd": "sopd"}.get(method, "none")
   chunk = cfg.get("chunk")
   return dict(weighting=weighting, kl=cfg.kl, sopd_temperature=float(cfg.sopd_temperature),
-              pref=pref, beta=float(cfg.beta), chunk=None if chunk is None else int(chunk))
+              pref=pref, beta=float(cfg.beta), chunk=None if chunk is None else int(chunk),
+              pref_lambda=None if cfg.get("pref_lambda") is None else float(cfg.pref_lambda))
 
 
 _RD_KEYS = ("ids", "attention_mask", "response_mask", "teacher_logits", "teacher_logprobs",
@@ -623,7 +625,7 @@ def _predicting_mask(arrays) -> np.ndarray:
 
 
 def loss_and_grads(graphdef, params, rest, arrays, *, weighting, kl, sopd_temperature, pref,
-                   beta, chunk: int | None = None):
+                   beta, chunk: int | None = None, pref_lambda: float | None = None):
   """`(grads, aux)`: `∇(L_RD + λ L_pref)` with HAD's gradient-norm `λ` (pref None: `∇L_RD`).
 
   `arrays` holds only token ids, masks, the predicting positions, teacher scores, per-turn
@@ -632,8 +634,10 @@ def loss_and_grads(graphdef, params, rest, arrays, *, weighting, kl, sopd_temper
   gradients are summed: the same loss and gradient, with memory bounded by the chunk. Both
   terms are normalized over the whole batch (`L_RD` by its response tokens after the per-turn
   weights are renormalized over all turns, `L_pref` by its states), and `λ` is the ratio of the
-  two full gradients' norms. aux: ``rd``, ``pref``, ``lambda``, ``loss``, ``active_pairs`` and
-  ``kl`` (the mean per-token KL estimate).
+  two full gradients' norms, or ``pref_lambda`` when given (a fixed weight; the ratio is still
+  reported). aux: ``rd``, ``pref``, ``lambda`` (the weight used), ``grad_norm_ratio``
+  (`‖∇L_RD‖ / ‖∇L_pref‖`, 0 without an active pair), ``loss``, ``active_pairs`` and ``kl`` (the
+  mean per-token KL estimate).
   """
   if weighting not in ("none", "given", "sopd"):
     raise ValueError(f"weighting: expected none, given or sopd, got {weighting!r}")
@@ -669,7 +673,7 @@ def loss_and_grads(graphdef, params, rest, arrays, *, weighting, kl, sopd_temper
   aux = {"rd": rd, "kl": kl_sum / normalizer}
   if pref is None:
     zero = jnp.zeros_like(rd)
-    return g_rd, {**aux, "pref": zero, "lambda": zero, "loss": rd,
+    return g_rd, {**aux, "pref": zero, "lambda": zero, "grad_norm_ratio": zero, "loss": rd,
                   "active_pairs": jnp.zeros((), jnp.int32)}
   m = arrays["differ"].shape[0]
   states = float(arrays.get("pair_states", m))
@@ -682,10 +686,11 @@ def loss_and_grads(graphdef, params, rest, arrays, *, weighting, kl, sopd_temper
         arrays["pairs_action"][rows], arrays["differ"][s:s + cp], arrays["valid"][s:s + cp],
         states, mode=pref, beta=beta)
     pref_loss, active, g_pref = pref_loss + loss_c, active + active_c, _add(g_pref, g_c)
-  lam = distill.gradient_norm_ratio(g_rd, g_pref)
+  ratio = distill.gradient_norm_ratio(g_rd, g_pref)
+  lam = ratio if pref_lambda is None else jnp.asarray(pref_lambda, ratio.dtype)
   grads = jax.tree.map(lambda a, b: a + lam * b, g_rd, g_pref)
-  return grads, {**aux, "pref": pref_loss, "lambda": lam, "loss": rd + lam * pref_loss,
-                 "active_pairs": active}
+  return grads, {**aux, "pref": pref_loss, "lambda": lam, "grad_norm_ratio": ratio,
+                 "loss": rd + lam * pref_loss, "active_pairs": active}
 
 
 def loss_arrays(data: StepData) -> dict:
@@ -741,6 +746,11 @@ def check_config(cfg) -> None:
     raise ValueError(f"pref_against_reasoning: expected one of {PREF_AGAINST_REASONING} (HAD's "
                      "pairs whose a⁺ goes against the student's reasoning in the preference "
                      f"term, or not), got {cfg.get('pref_against_reasoning')!r}")
+  lam = cfg.get("pref_lambda")
+  if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float))
+                          or not np.isfinite(lam) or lam <= 0):
+    raise ValueError(f"pref_lambda: expected None (HAD's gradient-norm balancing) or a finite "
+                     f"number > 0 (a fixed weight of the preference term), got {lam!r}")
   if cfg.method == "guided_opd" and cfg.kl != "full":
     raise ValueError("kl: Guided-OPD trains on teacher-generated turns, where the sampled "
                      "estimator is biased; use kl='full'")
@@ -866,6 +876,9 @@ def default_config() -> ml_collections.ConfigDict:
   # and took leave the preference term (docs/had.md, "HAD without the pairs against the
   # reasoning"); every other pair, and every state's L_RD, is unchanged.
   c.pref_against_reasoning = "keep"
+  # None: λ = ‖∇L_RD‖ / ‖∇L_pref‖ of each minibatch, as published; a number > 0: that fixed
+  # weight instead (docs/had.md, "HAD with a fixed λ"); the ratio is still logged.
+  c.pref_lambda = ml_collections.FieldReference(None, field_type=float)
   c.length_bucket = 64
   # Rows (turns, or preference pairs) per forward in the teacher's scoring and the loss; the
   # gradients of the chunks are summed (the same update, memory bounded by the chunk).

@@ -192,6 +192,11 @@ def test_report_says_plainly_when_nothing_is_won():
   text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
   assert ("**Not the published preference term:**" in text
           and "pref_against_reasoning='drop'" in text)
+  assert "Not the published balancing" not in text
+  cfg.pref_lambda = 0.35
+  text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
+  assert "**Not the published balancing:** the preference term is weighted by a fixed λ = 0.35" \
+      in text
 
 
 def test_report_gives_each_seed_and_the_bootstrap_over_seeds():

@@ -121,7 +121,22 @@ def _check_lambda(tok):
   g_rd, g_pref = jax.jit(jax.grad(rd))(params), jax.jit(jax.grad(pref))(params)
   lam = float(optax.tree.norm(g_rd) / optax.tree.norm(g_pref))
   assert float(aux["lambda"]) == pytest.approx(lam, rel=1e-9) and int(aux["active_pairs"]) == 1
+  assert float(aux["grad_norm_ratio"]) == float(aux["lambda"])
   want = jax.tree.map(lambda a, b: a + lam * b, g_rd, g_pref)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-14)
+  # A fixed λ replaces the ratio in the gradient and the loss; the ratio is still reported.
+  cfg = distill_loop.default_config()
+  assert distill_loop.loss_settings(cfg)["pref_lambda"] is None
+  cfg.pref_lambda = 0.35
+  assert distill_loop.loss_settings(cfg)["pref_lambda"] == 0.35
+  grads, aux = distill_loop.loss_and_grads(graphdef, params, rest, arrays, pref="preference",
+                                           pref_lambda=0.35, **kw)
+  assert float(aux["lambda"]) == 0.35
+  assert float(aux["grad_norm_ratio"]) == pytest.approx(lam, rel=1e-9)
+  assert float(aux["loss"]) == pytest.approx(float(aux["rd"]) + 0.35 * float(aux["pref"]),
+                                             rel=1e-12)
+  want = jax.tree.map(lambda a, b: a + 0.35 * b, g_rd, g_pref)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-8, atol=1e-14)
   # The pair the mask drops and a pair whose actions agree contribute exactly zero.
@@ -460,7 +475,9 @@ def test_bad_configs_are_named(setup, tmp_path):
                               ("max_turns", 0, "max_turns"), ("query_batch", 0, "query_batch"),
                               ("chunk", 0, "chunk"),
                               ("rd_after_rejection", "mask", "rd_after_rejection"),
-                              ("pref_against_reasoning", "mask", "pref_against_reasoning")):
+                              ("pref_against_reasoning", "mask", "pref_against_reasoning"),
+                              ("pref_lambda", -0.5, "pref_lambda"),
+                              ("pref_lambda", float("nan"), "pref_lambda")):
     cfg = _cfg("opd")
     cfg[field] = value
     with pytest.raises(ValueError, match=match):
