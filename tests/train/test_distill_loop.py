@@ -238,8 +238,9 @@ def test_micro_update_of_every_method(setup, tmp_path, method):
   if method in ("had", "no_negative_action"):
     # The stub teacher's two answers differ at every state; none contradicts the record.
     assert rec["pairs_differ"] == 2 and rec["active_pairs"] == 2 and rec["pref"] > 0
+    assert rec["lambda"] == rec["grad_norm_ratio"] > 0     # the balancing, as published
   if method == "no_preference" or method in ("opd", "sage_opd", "sopd"):
-    assert rec["pref"] == 0 and rec["lambda"] == 0
+    assert rec["pref"] == 0 and rec["lambda"] == 0 and rec["grad_norm_ratio"] == 0
   with open(tmp_path / method / "metrics.jsonl") as f:
     assert len(f.readlines()) == 1
   # HAD's pairs are kept beside the rollout log, one per visited state, in the log's order.
