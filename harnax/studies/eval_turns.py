@@ -1,0 +1,127 @@
+"""What the turns of a kept evaluation show, beyond who won (docs/had.md).
+
+Two readings of the greedy evaluations `had_study.evaluations` keeps, counted turn by turn:
+
+- `reasoning_mismatch`: the turns whose action the turn's own reasoning does not name
+  (`had.names_action`: the action's words in order, so a paraphrase names nothing and the
+  count is an upper bound on real disagreement).
+- `transformation_progress`: ALFWorld's heat, clean and cool tasks (find the object, take
+  it, heat/clean/cool it with the appliance, put it in the goal's receptacle): whether the
+  episode got as far as the transformation, and where its first `move` after it went.
+
+  python scripts/eval_turns.py --evals=DIR[,DIR...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Iterable, Mapping
+
+from harnax.train import had
+from harnax.train import rollouts
+
+# The observation ALFWorld prints when the transformation succeeds, by the word the task type
+# carries ("pick_heat_then_place_in_recep").
+TRANSFORMATIONS = {"heat": "You heat", "clean": "You clean", "cool": "You cool"}
+_MOVE = re.compile(r"^move .+ to (.+?)(?: \d+)?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+  """Counts over heat/clean/cool episodes.
+
+  Attributes:
+    episodes: such episodes; transformed: those whose object was heated/cleaned/cooled;
+    won: those won; to_goal / elsewhere: transformed episodes whose first `move` after the
+    transformation went to the goal's receptacle type / to another; no_move: transformed
+    episodes with no `move` after it.
+  """
+  episodes: int = 0
+  transformed: int = 0
+  won: int = 0
+  to_goal: int = 0
+  elsewhere: int = 0
+  no_move: int = 0
+
+  def __add__(self, other: "Progress") -> "Progress":
+    return Progress(*(a + b for a, b in zip(dataclasses.astuple(self),
+                                            dataclasses.astuple(other))))
+
+
+def _turns(records: Iterable[Mapping]) -> list[Mapping]:
+  return [r for r in records if r.get("kind") == "turn"]
+
+
+def reasoning_mismatch(records: Iterable[Mapping]) -> tuple[int, int]:
+  """`(k, n)`: of the `n` turns with a parsed action, the `k` whose reasoning does not name it."""
+  k = n = 0
+  for r in _turns(records):
+    if not r.get("action"):
+      continue
+    n += 1
+    k += not had.names_action(r.get("reasoning") or "", r["action"])
+  return k, n
+
+
+def _transformation(task_type: str) -> str | None:
+  words = task_type.split("_")
+  return next((w for w in words if w in TRANSFORMATIONS), None)
+
+
+def transformation_progress(records: Iterable[Mapping]) -> Progress:
+  """`Progress` of one evaluation log's heat/clean/cool episodes (other episodes are skipped).
+
+  The goal's receptacle is the goal's last word ("put a hot bread in garbagecan" ->
+  "garbagecan"); a `move X to Y N` goes to receptacle type Y.
+  """
+  total = Progress()
+  for episode, recs in sorted(rollouts.episodes(list(records)).items()):
+    reset = next((r for r in recs if r.get("kind") == "reset"), None)
+    end = next((r for r in recs if r.get("kind") == "episode"), None)
+    if reset is None or end is None:
+      raise ValueError(f"records: episode {episode} needs a 'reset' and an 'episode' record "
+                       "(an evaluation stopped mid-write?)")
+    verb = _transformation(str(reset["task"].get("task_type", "")))
+    if verb is None:
+      continue
+    turns = _turns(recs)
+    at = next((i for i, r in enumerate(turns)
+               if (r.get("observation") or "").startswith(TRANSFORMATIONS[verb])), None)
+    won = bool(end.get("won"))
+    if at is None:
+      total += Progress(episodes=1, won=int(won))
+      continue
+    goal = str(reset.get("goal") or "").split()
+    moves = [_MOVE.match(r.get("action") or "") for r in turns[at + 1:]]
+    first = next((m.group(1) for m in moves if m), None)
+    total += Progress(episodes=1, transformed=1, won=int(won),
+                      to_goal=int(first is not None and bool(goal) and first == goal[-1]),
+                      elsewhere=int(first is not None and (not goal or first != goal[-1])),
+                      no_move=int(first is None))
+  return total
+
+
+def read_evaluation(directory: str, setting: str = "with_harness") -> dict[str, list[dict]]:
+  """`{split: records}` of one kept evaluation (a directory with key.json), for `setting`.
+
+  Raises ValueError naming the directory when the key or a split's log is missing.
+  """
+  key_path = os.path.join(directory, "key.json")
+  if not os.path.isfile(key_path):
+    raise ValueError(f"evals: expected an evaluation kept by had_study.evaluations (a "
+                     f"key.json), found none in {directory!r}")
+  with open(key_path) as f:
+    splits = list(json.load(f).get("tasks") or {})
+  if not splits:
+    raise ValueError(f"{key_path}: expected a 'tasks' mapping of split to task names")
+  out = {}
+  for split in splits:
+    path = os.path.join(directory, f"{setting}-{split}.jsonl")
+    if not os.path.isfile(path):
+      raise ValueError(f"setting: {directory!r} has no {setting!r} evaluation of split "
+                       f"{split!r} ({os.path.basename(path)} is missing)")
+    out[split] = rollouts.read_log(path)
+  return out
