@@ -11,6 +11,7 @@ the transformation and where their first `move` after it went.
 
 from absl import flags
 
+from harnax.studies import compare_evaluations
 from harnax.studies import eval_turns
 from harnax.studies import results
 
@@ -23,7 +24,8 @@ def main(argv):
   del argv
   by_split = {}
   for directory in _EVALS.value:
-    for split, records in eval_turns.read_evaluation(directory, _SETTING.value).items():
+    _, logs = compare_evaluations.read_logs(directory, _SETTING.value)
+    for split, records in logs.items():
       k, n, p = by_split.get(split, (0, 0, eval_turns.Progress()))
       dk, dn = eval_turns.reasoning_mismatch(records)
       by_split[split] = (k + dk, n + dn, p + eval_turns.transformation_progress(records))

@@ -26,9 +26,9 @@ from harnax.train import rollouts
 MATCHED_FIELDS = ("format", "tasks", "window", "max_steps", "max_new_tokens")
 
 
-def read(directory: str, setting: str = "with_harness") -> tuple[dict, dict, dict]:
-  """`(key, {split: [EpisodeTrace]}, {split: [task type]})` of one evaluation kept by
-  `had_study.evaluations` (the task types as logged; "" where a log has none).
+def read_logs(directory: str, setting: str = "with_harness") -> tuple[dict, dict]:
+  """`(key, {split: records})` of one evaluation kept by `had_study.evaluations`: its key and
+  each split's rollout-log records for `setting`.
 
   Raises ValueError when the directory holds no key, when a split's log for `setting` is
   missing, or when a log's episodes are not the key's tasks in the key's order.
@@ -41,22 +41,36 @@ def read(directory: str, setting: str = "with_harness") -> tuple[dict, dict, dic
     key = json.load(f)
   if not isinstance(key.get("tasks"), dict) or not key["tasks"]:
     raise ValueError(f"{key_path}: expected a 'tasks' mapping of split to task names")
-  out, types = {}, {}
+  out = {}
   for split, names in key["tasks"].items():
     path = os.path.join(directory, f"{setting}-{split}.jsonl")
     if not os.path.isfile(path):
       raise ValueError(f"setting: {directory!r} has no {setting!r} evaluation of split "
                        f"{split!r} ({os.path.basename(path)} is missing)")
     records = rollouts.read_log(path)
-    resets = [r for _, recs in sorted(rollouts.episodes(records).items()) for r in recs
-              if r.get("kind") == "reset"]
-    played = [r["task"]["ident"] for r in resets]
+    played = [r["task"]["ident"] for r in _resets(records)]
     if played != list(names):
       raise ValueError(f"{path}: expected the {len(names)} tasks of key.json in its order, the "
                        f"log has {len(played)} episodes of other tasks or in another order "
                        "(an evaluation stopped mid-write or a log from another key)")
-    out[split] = text_agents.traces_from_log(records)
-    types[split] = [str(r["task"].get("task_type", "")) for r in resets]
+    out[split] = records
+  return key, out
+
+
+def _resets(records) -> list[dict]:
+  return [r for _, recs in rollouts.episodes(records).items() for r in recs
+          if r.get("kind") == "reset"]
+
+
+def read(directory: str, setting: str = "with_harness") -> tuple[dict, dict, dict]:
+  """`(key, {split: [EpisodeTrace]}, {split: [task type]})` of one evaluation kept by
+  `had_study.evaluations` (the task types as logged; "" where a log has none). Checks and
+  errors: `read_logs`.
+  """
+  key, logs = read_logs(directory, setting)
+  out = {split: text_agents.traces_from_log(records) for split, records in logs.items()}
+  types = {split: [str(r["task"].get("task_type", "")) for r in _resets(records)]
+           for split, records in logs.items()}
   return key, out, types
 
 

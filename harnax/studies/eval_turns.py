@@ -10,13 +10,13 @@ Two readings of the greedy evaluations `had_study.evaluations` keeps, counted tu
   episode got as far as the transformation, and where its first `move` after it went.
 
   python scripts/eval_turns.py --evals=DIR[,DIR...]
+
+(`compare_evaluations.read_logs` reads and checks the kept evaluations.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
 from typing import Iterable, Mapping
 
@@ -78,7 +78,7 @@ def transformation_progress(records: Iterable[Mapping]) -> Progress:
   "garbagecan"); a `move X to Y N` goes to receptacle type Y.
   """
   total = Progress()
-  for episode, recs in sorted(rollouts.episodes(list(records)).items()):
+  for episode, recs in rollouts.episodes(list(records)).items():
     reset = next((r for r in recs if r.get("kind") == "reset"), None)
     end = next((r for r in recs if r.get("kind") == "episode"), None)
     if reset is None or end is None:
@@ -94,34 +94,12 @@ def transformation_progress(records: Iterable[Mapping]) -> Progress:
     if at is None:
       total += Progress(episodes=1, won=int(won))
       continue
-    goal = str(reset.get("goal") or "").split()
+    words = str(reset.get("goal") or "").split()
+    receptacle = words[-1] if words else None
     moves = [_MOVE.match(r.get("action") or "") for r in turns[at + 1:]]
     first = next((m.group(1) for m in moves if m), None)
     total += Progress(episodes=1, transformed=1, won=int(won),
-                      to_goal=int(first is not None and bool(goal) and first == goal[-1]),
-                      elsewhere=int(first is not None and (not goal or first != goal[-1])),
+                      to_goal=int(first is not None and first == receptacle),
+                      elsewhere=int(first is not None and first != receptacle),
                       no_move=int(first is None))
   return total
-
-
-def read_evaluation(directory: str, setting: str = "with_harness") -> dict[str, list[dict]]:
-  """`{split: records}` of one kept evaluation (a directory with key.json), for `setting`.
-
-  Raises ValueError naming the directory when the key or a split's log is missing.
-  """
-  key_path = os.path.join(directory, "key.json")
-  if not os.path.isfile(key_path):
-    raise ValueError(f"evals: expected an evaluation kept by had_study.evaluations (a "
-                     f"key.json), found none in {directory!r}")
-  with open(key_path) as f:
-    splits = list(json.load(f).get("tasks") or {})
-  if not splits:
-    raise ValueError(f"{key_path}: expected a 'tasks' mapping of split to task names")
-  out = {}
-  for split in splits:
-    path = os.path.join(directory, f"{setting}-{split}.jsonl")
-    if not os.path.isfile(path):
-      raise ValueError(f"setting: {directory!r} has no {setting!r} evaluation of split "
-                       f"{split!r} ({os.path.basename(path)} is missing)")
-    out[split] = rollouts.read_log(path)
-  return out

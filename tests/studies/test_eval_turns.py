@@ -88,13 +88,12 @@ def _write(directory, splits=("seen", "unseen")):
       f.write("\n".join(json.dumps(r) for r in RECORDS) + "\n")
 
 
-def test_read_evaluation_names_what_is_missing(tmp_path):
-  with pytest.raises(ValueError, match="evals: expected an evaluation kept"):
-    eval_turns.read_evaluation(str(tmp_path))
-  _write(str(tmp_path / "e"))
-  os.remove(tmp_path / "e" / "with_harness-unseen.jsonl")
-  with pytest.raises(ValueError, match="no 'with_harness' evaluation of split 'unseen'"):
-    eval_turns.read_evaluation(str(tmp_path / "e"))
+def test_script_refuses_a_directory_that_is_not_a_kept_evaluation(tmp_path):
+  proc = subprocess.run([sys.executable, "scripts/eval_turns.py", f"--evals={tmp_path}"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "PYTHONPATH": ROOT})
+  assert proc.returncode != 0
+  assert "directory: expected an evaluation kept by had_study.evaluations" in proc.stderr
 
 
 def test_script_pools_directories(tmp_path):
