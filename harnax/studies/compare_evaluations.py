@@ -5,7 +5,9 @@ digest, the tasks, the decoding). Two models evaluated on the same tasks, in one
 two (a run of another batch size, learning rate or step count against one of the study's), can
 therefore be compared afterwards without playing a game: `compare(before_dirs, after_dirs)`
 pairs seed k of one with seed k of the other and gives each split's success and the pooled
-task-level test (`text_metrics.pooled_paired_wins`).
+task-level test (`text_metrics.pooled_paired_wins`). An evaluation's summary
+(`eval_summary`: its key and each episode's outcome and harness verdicts, a few kilobytes that
+can be committed beside a report) is read wherever its directory is.
 
   python scripts/compare_evaluations.py --before=DIR[,DIR...] --after=DIR[,DIR...]
 """
@@ -16,6 +18,7 @@ import json
 import os
 from typing import Sequence
 
+from harnax.studies import eval_summary
 from harnax.studies import text_agents
 from harnax.studies import text_metrics
 from harnax.train import rollouts
@@ -65,8 +68,11 @@ def _resets(records) -> list[dict]:
 def read(directory: str, setting: str = "with_harness") -> tuple[dict, dict, dict]:
   """`(key, {split: [EpisodeTrace]}, {split: [task type]})` of one evaluation kept by
   `had_study.evaluations` (the task types as logged; "" where a log has none). Checks and
-  errors: `read_logs`.
+  errors: `read_logs`. A file instead of a directory is read as the evaluation's summary
+  (`eval_summary.load`), which gives the same.
   """
+  if os.path.isfile(directory):
+    return eval_summary.load(directory, setting)
   key, logs = read_logs(directory, setting)
   out = {split: text_agents.traces_from_log(records) for split, records in logs.items()}
   types = {split: [str(r["task"].get("task_type", "")) for r in _resets(records)]
@@ -79,8 +85,9 @@ def compare(before: Sequence[str], after: Sequence[str], *,
   """Seed k of `before` against seed k of `after`, task by task, per split.
 
   Args:
-    before, after: evaluation directories (`had_study.evaluations`), one per seed; the same
-      directory may be repeated (the student before distillation against each seed of a run).
+    before, after: evaluation directories (`had_study.evaluations`) or their summaries
+      (`eval_summary`), one per seed; the same one may be repeated (the student before
+      distillation against each seed of a run).
     setting: the harness setting whose logs are compared.
 
   Returns:
