@@ -79,6 +79,54 @@ def test_transformation_progress_refuses_an_episode_cut_mid_write():
     eval_turns.transformation_progress(cut)
 
 
+# Stages before the transformation, worked out by hand below.
+STAGE_RECORDS = (
+    [{"kind": "run", "format": "harnax-text-rollouts/1"}]
+    # Seen at turn 0, taken at turn 1 (2 turns), carried to the microwave, heated, won.
+    + _episode(0, "pick_heat_then_place_in_recep", "heat some apple and put it in countertop", [
+        ("", "go to fridge 1", "You arrive at fridge 1. In it, you see a apple 2."),
+        ("", "take apple 2 from fridge 1", "You pick up the apple 2 from the fridge 1."),
+        ("", "go to microwave 1", "You arrive at microwave 1. The microwave 1 is closed."),
+        ("", "heat apple 2 with microwave 1", "You heat the apple 2 using the microwave 1."),
+    ], True)
+    # A cool task: at the fridge before taking (not carried), seen and taken at turn 2 (3
+    # turns), then to the countertop, never to the fridge again: seen, taken, not carried.
+    + _episode(1, "pick_cool_then_place_in_recep", "put a cool tomato in microwave", [
+        ("", "go to fridge 1", "You arrive at fridge 1. The fridge 1 is closed."),
+        ("", "go to microwave 1", "You arrive at microwave 1. On it, you see a tomato 1."),
+        ("", "take tomato 1 from microwave 1", "You pick up the tomato 1 from the microwave 1."),
+        ("", "go to countertop 1", "You arrive at countertop 1."),
+    ], False)
+    # "knife": only a butterknife is shown and taken, so neither seen nor taken.
+    + _episode(2, "pick_clean_then_place_in_recep", "clean some knife and put it in drawer", [
+        ("", "go to countertop 1", "You arrive at countertop 1. You see a butterknife 1."),
+        ("", "take butterknife 1 from countertop 1",
+         "You pick up the butterknife 1 from the countertop 1."),
+        ("", "go to sinkbasin 1", "You arrive at sinkbasin 1."),
+    ], False)
+    # Not a heat/clean/cool task: skipped.
+    + _episode(3, "pick_and_place_simple", "put some book on dresser", [
+        ("", "go to desk 1", "You arrive at desk 1. On it, you see a book 1."),
+    ], True)
+)
+
+
+def test_transformation_stages_by_hand():
+  st = eval_turns.transformation_stages(STAGE_RECORDS)
+  assert st == eval_turns.Stages(episodes=3, seen=2, taken=2, carried=1, transformed=1, won=1,
+                                 take_turns=2 + 3)
+  # On the first log: seen in episodes 0, 1, 2 ("bread 1", "egg 1", "cloth 1" in the
+  # transformation's own observation), taken in episode 0 only, at its first turn.
+  assert eval_turns.transformation_stages(RECORDS) == eval_turns.Stages(4, 3, 1, 0, 3, 1, 1)
+
+
+def test_transformation_stages_refuse_a_goal_phrased_otherwise():
+  odd = _episode(0, "pick_heat_then_place_in_recep", "warm some egg and put it in fridge",
+                 [("", "go to fridge 1", "You arrive at fridge 1.")], False)
+  with pytest.raises(ValueError, match="^goal: expected 'heat some X .*'warm some egg"):
+    eval_turns.transformation_stages(odd)
+
+
 def _write(directory, splits=("seen", "unseen")):
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, "key.json"), "w") as f:
@@ -107,3 +155,5 @@ def test_script_pools_directories(tmp_path):
   # Two directories of the same log: every count doubles.
   assert "| seen | 14/18 (77.8 %) | 8 | 6 | 2 | 2 | 2 | 2 |" in proc.stdout
   assert "| unseen | 14/18 (77.8 %) | 8 | 6 | 2 | 2 | 2 | 2 |" in proc.stdout
+  # Stages: 8 episodes, seen 6, taken 2 (one turn each), carried 0, transformed 6, won 2.
+  assert "| seen | 8 | 6 | 2 | 0 | 6 | 2 | 1.0 |" in proc.stdout
