@@ -297,6 +297,10 @@ def render(cfg, result: dict) -> str:
     lines += ["**Not the published preference term:** HAD's pairs whose a⁺ is another action "
               "than the one the student's reasoning named and took are left out of it "
               f"(`pref_against_reasoning={cfg.pref_against_reasoning!r}`; docs/had.md).", ""]
+  if cfg.get("pref_after_rejection", "keep") != "keep":
+    lines += ["**Not the published preference term:** HAD's pairs at the turns right after a "
+              "rejected action are left out of it "
+              f"(`pref_after_rejection={cfg.pref_after_rejection!r}`; docs/had.md).", ""]
   if cfg.get("pref_lambda") is not None:
     lines += ["**Not the published balancing:** the preference term is weighted by a fixed "
               f"λ = {float(cfg.pref_lambda):g}, not by the gradient-norm ratio of each "

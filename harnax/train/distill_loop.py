@@ -19,7 +19,9 @@ One update (:func:`distill_step_data` then :func:`grads_and_metrics`):
    `rd_after_rejection="drop"` the turns right after a rejected action leave `L_RD` (a test
    of why distilled students repeat rejected actions; docs/had.md). With
    `pref_against_reasoning="drop"` the pairs whose `a⁺` is another action than the one the
-   student's reasoning named and took leave the preference term. With a number for
+   student's reasoning named and took leave the preference term; with
+   `pref_after_rejection="drop"` the pairs at the turns right after a rejected action do. With
+   a number for
    `pref_lambda` that number replaces the balanced `λ` (a test of the balancing). Its only
    inputs are token ids, masks, the teacher's scores and the pairs: no reward, success label
    or later turn reaches it.
@@ -61,6 +63,9 @@ RD_AFTER_REJECTION = ("keep", "drop")
 # HAD's pairs whose a⁺ goes against the student's reasoning (`had.against_reasoning`): kept (as
 # published) or left out of the preference term like the pairs the validity filter drops.
 PREF_AGAINST_REASONING = ("keep", "drop")
+# HAD's pairs at the turns right after a rejected action: kept (as published) or left out of
+# the preference term the same way.
+PREF_AFTER_REJECTION = ("keep", "drop")
 
 
 # -- what the renderer passes along ----------------------------------------------------------
@@ -436,17 +441,23 @@ def build_step_data(cfg, turns: list[dict], tokenizer, teacher, *, prompt: Calla
                                               labels.positive[i]) for i, t in enumerate(turns)],
                        bool)
     stats["pairs_against_reasoning"] = int((labels.differ & valid & against).sum())
+    after = np.array([bool(t.get("after_rejection")) for t in turns], bool)
+    stats["pairs_after_rejection"] = int((labels.differ & valid & after).sum())
     if cfg.get("pref_against_reasoning", "keep") == "drop":
       # The test of whether the pairs that contradict the student's own reasoning are what
       # costs HAD the unseen tasks (docs/had.md): they become inactive, their states stay in
       # L_RD.
       valid &= ~against
+    if cfg.get("pref_after_rejection", "keep") == "drop":
+      # The same test for the pairs at the states right after a rejected action, which the
+      # reverse KL leaves out under rd_after_rejection="drop" (docs/had.md).
+      valid &= ~after
     pair_log = [dict(episode=t.get("episode"), turn=t.get("turn"), action=t["action"],
                      positive=labels.positive[i], negative=labels.negative[i],
                      differ=bool(labels.differ[i]), valid=bool(valid[i]),
                      unparsable=bool(labels.unparsable[i]), reason=labels.reasons[i],
                      against_reasoning=bool(against[i]),
-                     after_rejection=bool(t.get("after_rejection")))
+                     after_rejection=bool(after[i]))
                 for i, t in enumerate(turns)]
     # Only the states whose answers differ can act (the term is exactly zero elsewhere), so
     # only their pairs are encoded and scored; one inactive pair stands in when none differs.
@@ -746,6 +757,10 @@ def check_config(cfg) -> None:
     raise ValueError(f"pref_against_reasoning: expected one of {PREF_AGAINST_REASONING} (HAD's "
                      "pairs whose a⁺ goes against the student's reasoning in the preference "
                      f"term, or not), got {cfg.get('pref_against_reasoning')!r}")
+  if cfg.get("pref_after_rejection", "keep") not in PREF_AFTER_REJECTION:
+    raise ValueError(f"pref_after_rejection: expected one of {PREF_AFTER_REJECTION} (HAD's "
+                     "pairs at the turns after a rejected action in the preference term, or "
+                     f"not), got {cfg.get('pref_after_rejection')!r}")
   lam = cfg.get("pref_lambda")
   if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float))
                           or not np.isfinite(lam) or lam <= 0):
@@ -876,6 +891,10 @@ def default_config() -> ml_collections.ConfigDict:
   # and took leave the preference term (docs/had.md, "HAD without the pairs against the
   # reasoning"); every other pair, and every state's L_RD, is unchanged.
   c.pref_against_reasoning = "keep"
+  # "drop": HAD's pairs at the turns right after a rejected action leave the preference term
+  # (docs/had.md, "HAD without the pairs after a rejection"); their states' L_RD is unchanged
+  # (rd_after_rejection decides that).
+  c.pref_after_rejection = "keep"
   # None: λ = ‖∇L_RD‖ / ‖∇L_pref‖ of each minibatch, as published; a number > 0: that fixed
   # weight instead (docs/had.md, "HAD with a fixed λ"); the ratio is still logged.
   c.pref_lambda = ml_collections.FieldReference(None, field_type=float)

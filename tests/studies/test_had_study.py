@@ -193,6 +193,11 @@ def test_report_says_plainly_when_nothing_is_won():
   assert ("**Not the published preference term:**" in text
           and "pref_against_reasoning='drop'" in text)
   assert "Not the published balancing" not in text
+  assert "pref_after_rejection" not in text
+  cfg.pref_after_rejection = "drop"
+  text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
+  assert ("HAD's pairs at the turns right after a rejected action are left out of it"
+          in text and "pref_after_rejection='drop'" in text)
   cfg.pref_lambda = 0.35
   text = had_study.render(cfg, {"runs": {"had": zero}, "teacher": won, "student": zero})
   assert "**Not the published balancing:** the preference term is weighted by a fixed λ = 0.35" \

@@ -444,6 +444,38 @@ def test_pairs_against_the_reasoning_leave_the_preference_term(setup, tmp_path):
   np.testing.assert_allclose(a_drop["pref"], softplus(neg[1] - pos[1]) / 2, rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_pairs_after_a_rejection_leave_the_preference_term(setup, tmp_path):
+  tok, student, teacher, _ = setup
+  cfg, turns, prompt = _two_turns(setup, tmp_path, "had")
+  # The second turn follows a rejected action (as `collect` marks it from the monitor).
+  turns = [dict(t, after_rejection=i == 1) for i, t in enumerate(turns)]
+  build = lambda: distill_loop.build_step_data(cfg, turns, tok, teacher, prompt=prompt,  # noqa: E731
+                                               teacher_generate=StubTeacher())
+  keep = build()
+  cfg.pref_after_rejection = "drop"
+  drop = build()
+  assert [p["after_rejection"] for p in drop.pair_log] == [False, True]
+  assert [p["valid"] for p in keep.pair_log] == [True, True]
+  assert [p["valid"] for p in drop.pair_log] == [True, False]
+  # Counted whether or not they are dropped, as pairs_against_reasoning.
+  assert keep.stats["pairs_after_rejection"] == drop.stats["pairs_after_rejection"] == 1
+  for f in ("ids", "attention_mask", "response_mask", "positions", "teacher_logits", "differ"):
+    np.testing.assert_array_equal(getattr(keep, f), getattr(drop, f))
+  graphdef, params, rest = nnx.split(student, nnx.Param, ...)
+  settings = distill_loop.loss_settings(cfg)
+  run = lambda d: distill_loop.loss_and_grads(graphdef, params, rest,  # noqa: E731
+                                              distill_loop.loss_arrays(d), **settings)[1]
+  a_keep, a_drop = run(keep), run(drop)
+  assert int(a_keep["active_pairs"]) == 2 and int(a_drop["active_pairs"]) == 1
+  np.testing.assert_allclose(a_keep["rd"], a_drop["rd"], rtol=1e-6)
+  # By hand: the first pair's logistic loss over both states (the dropped one stays in the
+  # denominator, as the pairs the validity filter drops).
+  pos, neg = (np.asarray(x, np.float64) for x in had.action_means(student, keep.pairs))
+  softplus = lambda x: np.log1p(np.exp(x))  # noqa: E731
+  np.testing.assert_allclose(a_drop["pref"], softplus(neg[0] - pos[0]) / 2, rtol=1e-5)
+
+
 def test_padded_rows_by_hand():
   pr = distill_loop.padded_rows
   assert [pr(n, 8) for n in (1, 3, 5, 8, 9, 17, 71)] == [1, 4, 8, 8, 16, 24, 72]
@@ -477,6 +509,7 @@ def test_bad_configs_are_named(setup, tmp_path):
                               ("chunk", 0, "chunk"),
                               ("rd_after_rejection", "mask", "rd_after_rejection"),
                               ("pref_against_reasoning", "mask", "pref_against_reasoning"),
+                              ("pref_after_rejection", "mask", "pref_after_rejection"),
                               ("pref_lambda", -0.5, "pref_lambda"),
                               ("pref_lambda", float("nan"), "pref_lambda")):
     cfg = _cfg("opd")
