@@ -7,7 +7,8 @@ Each run must have kept its pairs (`rollouts/pairs_step_*.jsonl`, written by
 `distill_loop.train` for HAD and its ablations). Over the active pairs (the teacher's two
 actions differ and the pair is valid): how often `a⁺` is the student's own action, how often
 the student's reasoning names `a⁺`, and how often `a⁺` is another action than the one the
-reasoning names and the student took.
+reasoning names and the student took. With `--verbs=N`, the N most frequent pairs of verbs
+(a⁺'s first word, a⁻'s) over each run's active pairs.
 """
 
 from absl import flags
@@ -17,6 +18,7 @@ from harnax.studies import results
 
 _RUNS = flags.DEFINE_list("runs", None, "run directories (each with rollouts/)", required=True)
 _BLOCK = flags.DEFINE_integer("block", 5, "updates per row")
+_VERBS = flags.DEFINE_integer("verbs", 0, "also the N most frequent (a⁺ verb, a⁻ verb) per run")
 
 
 def _pct(k: int, n: int) -> str:
@@ -43,6 +45,15 @@ def main(argv):
                    _pct(c.positive_is_action, c.active), _pct(c.positive_named, c.active),
                    _pct(c.against_reasoning, c.active), _pct(c.after_rejection, c.active)])
   print(results.markdown_table(header, rows))
+  if _VERBS.value > 0:
+    rows = []
+    for run in _RUNS.value:
+      counts = had_pairs.run_verb_pairs(run)
+      total = sum(counts.values())
+      rows += [[run, f"{pos} / {neg}", _pct(k, total)]
+               for (pos, neg), k in counts.most_common(_VERBS.value)]
+    print()
+    print(results.markdown_table(["run", "a⁺ verb / a⁻ verb", "active pairs"], rows))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ the counts of named actions are lower bounds.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
 import json
@@ -85,16 +86,42 @@ def summarize(turn_records: Sequence[dict], pair_records: Sequence[dict]) -> Pai
   return PairCounts(**counts)
 
 
+def verb_pairs(pair_records: Sequence[dict]) -> collections.Counter:
+  """`Counter({(verb of a⁺, verb of a⁻): active pairs})`: what the term trades for what.
+
+  The verb is an action's first word ("go to cabinet 1" -> "go"); only active pairs (the
+  teacher's two actions differ and the pair is valid) are counted.
+  """
+  return collections.Counter(
+      (p["positive"].split()[0], p["negative"].split()[0]) for p in pair_records
+      if p["differ"] and p["valid"])
+
+
+def _pair_files(workdir: str) -> dict[int, str]:
+  """`{step: path}` of a run's kept pairs; ValueError when it kept none."""
+  files = {int(os.path.basename(path)[len("pairs_step_"):-len(".jsonl")]): path
+           for path in sorted(glob.glob(os.path.join(workdir, "rollouts", "pairs_step_*.jsonl")))}
+  if not files:
+    raise ValueError(f"workdir: {workdir!r} kept no pairs (rollouts/pairs_step_*.jsonl): not a "
+                     "HAD run, or one trained before the pairs were kept")
+  return files
+
+
+def _read_pairs(path: str) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def run_verb_pairs(workdir: str) -> collections.Counter:
+  """`verb_pairs` over every step of a run that kept its pairs (`<workdir>/rollouts/`)."""
+  return sum((verb_pairs(_read_pairs(path)) for path in _pair_files(workdir).values()),
+             collections.Counter())
+
+
 def run_counts(workdir: str) -> dict[int, PairCounts]:
   """`{step: PairCounts}` of every step of a run that kept its pairs (`<workdir>/rollouts/`)."""
   out = {}
-  for path in sorted(glob.glob(os.path.join(workdir, "rollouts", "pairs_step_*.jsonl"))):
-    step = int(os.path.basename(path)[len("pairs_step_"):-len(".jsonl")])
-    with open(path) as f:
-      pairs = [json.loads(line) for line in f if line.strip()]
+  for step, path in _pair_files(workdir).items():
     log = rollouts.read_log(os.path.join(workdir, "rollouts", f"step_{step:06d}.jsonl"))
-    out[step] = summarize(log, pairs)
-  if not out:
-    raise ValueError(f"workdir: {workdir!r} kept no pairs (rollouts/pairs_step_*.jsonl): not a "
-                     "HAD run, or one trained before the pairs were kept")
+    out[step] = summarize(log, _read_pairs(path))
   return out

@@ -1,6 +1,9 @@
 """harnax.studies.had_pairs: a run's kept pairs read against its rollout log, counted by hand."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -49,6 +52,12 @@ def test_pairs_are_counted_against_the_reasoning():
   assert (c.active, c.positive_named, c.against_reasoning) == (1, 0, 0)
 
 
+def test_verb_pairs_count_the_active_pairs_by_hand():
+  # Active: (go, look), (go, go), (go, inventory); the agreeing and the invalid pair are not.
+  assert had_pairs.verb_pairs(PAIRS) == {("go", "look"): 1, ("go", "go"): 1,
+                                         ("go", "inventory"): 1}
+
+
 def test_a_pair_without_its_turn_is_refused():
   bad = [_pair(0, 1, "look", "look", "open cabinet 1")]    # turn 1 of episode 0 opened
   with pytest.raises(ValueError, match="episode 0 turn 1 has no turn with action 'look'"):
@@ -67,5 +76,16 @@ def test_a_run_is_read_step_by_step(tmp_path):
   assert sorted(counts) == [0, 1]
   assert counts[0].active == 2 and counts[1].active == 1
   assert counts[0] + counts[1] == had_pairs.summarize(LOG, PAIRS)
+  assert had_pairs.run_verb_pairs(str(tmp_path)) == had_pairs.verb_pairs(PAIRS)
   with pytest.raises(ValueError, match="kept no pairs"):
     had_pairs.run_counts(str(tmp_path / "elsewhere"))
+  with pytest.raises(ValueError, match="kept no pairs"):
+    had_pairs.run_verb_pairs(str(tmp_path / "elsewhere"))
+  # The script: the pairs table, then the verb pairs over both steps (PAIRS' three active
+  # pairs, one row each).
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = subprocess.run([sys.executable, os.path.join(root, "scripts", "had_pairs.py"),
+                        f"--runs={tmp_path}", "--verbs=5"], capture_output=True, text=True,
+                       check=True, env={**os.environ, "PYTHONPATH": root}).stdout
+  assert "| a⁺ verb / a⁻ verb | active pairs |" in out
+  assert out.count(f"| {tmp_path} | go / ") == 3 and "1/3 (33 %)" in out
