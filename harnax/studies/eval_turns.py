@@ -66,7 +66,8 @@ class Stages:
   Attributes:
     episodes: such episodes; seen: those where an observation showed an object of the goal's
     type ("egg 2"); taken: those where the agent picked one up; carried: those that arrived at
-    the transformation's appliance (`APPLIANCES`) after picking one up; transformed: those
+    the transformation's appliance (`APPLIANCES`) after picking one up, or picked it up
+    there; transformed: those
     whose object was heated/cleaned/cooled; won: those won. take_turns: over the taken
     episodes, the turns played up to and including the first pick-up (their sum).
   """
@@ -136,9 +137,12 @@ def transformation_stages(records: Iterable[Mapping]) -> Stages:
     taken = next((i for i, r in enumerate(turns)
                   if str(r.get("observation") or "").startswith(f"You pick up the {obj} ")),
                  None)
-    carried = taken is not None and any(
-        str(r.get("observation") or "").startswith(f"You arrive at {APPLIANCES[verb]} ")
-        for r in turns[taken + 1:])
+    # At the appliance with the object: arrived there after the pick-up, or picked it up
+    # there ("You pick up the egg 1 from the fridge 1." in a cool task).
+    carried = taken is not None and (
+        f" from the {APPLIANCES[verb]} " in str(turns[taken].get("observation") or "")
+        or any(str(r.get("observation") or "").startswith(f"You arrive at {APPLIANCES[verb]} ")
+               for r in turns[taken + 1:]))
     total += Stages(
         episodes=1, seen=int(any(shown.search(o) for o in observations)),
         taken=int(taken is not None), carried=int(carried),

@@ -104,6 +104,11 @@ STAGE_RECORDS = (
          "You pick up the butterknife 1 from the countertop 1."),
         ("", "go to sinkbasin 1", "You arrive at sinkbasin 1."),
     ], False)
+    # Taken from the fridge itself in a cool task (2 turns): carried without arriving again.
+    + _episode(4, "pick_cool_then_place_in_recep", "cool some lettuce and put it in countertop", [
+        ("", "go to fridge 1", "You arrive at fridge 1. In it, you see a lettuce 1."),
+        ("", "take lettuce 1 from fridge 1", "You pick up the lettuce 1 from the fridge 1."),
+    ], False)
     # Not a heat/clean/cool task: skipped.
     + _episode(3, "pick_and_place_simple", "put some book on dresser", [
         ("", "go to desk 1", "You arrive at desk 1. On it, you see a book 1."),
@@ -113,8 +118,8 @@ STAGE_RECORDS = (
 
 def test_transformation_stages_by_hand():
   st = eval_turns.transformation_stages(STAGE_RECORDS)
-  assert st == eval_turns.Stages(episodes=3, seen=2, taken=2, carried=1, transformed=1, won=1,
-                                 take_turns=2 + 3)
+  assert st == eval_turns.Stages(episodes=4, seen=3, taken=3, carried=2, transformed=1, won=1,
+                                 take_turns=2 + 3 + 2)
   # On the first log: seen in episodes 0, 1, 2 ("bread 1", "egg 1", "cloth 1" in the
   # transformation's own observation), taken in episode 0 only, at its first turn.
   assert eval_turns.transformation_stages(RECORDS) == eval_turns.Stages(4, 3, 1, 0, 3, 1, 1)
