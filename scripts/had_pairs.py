@@ -30,7 +30,8 @@ def main(argv):
   if _BLOCK.value < 1:
     raise ValueError(f"block: expected an int >= 1, got {_BLOCK.value}")
   header = ["run", "updates", "states", "differ", "active", "a⁺ = student's action",
-            "reasoning names a⁺", "a⁺ against the reasoning", "after a rejection"]
+            "reasoning names a⁺", "a⁺ against the reasoning", "after a rejection",
+            "of those, a⁺ = student's action"]
   rows = []
   for run in _RUNS.value:
     by_step = had_pairs.run_counts(run)
@@ -43,7 +44,8 @@ def main(argv):
       span = "all" if lo == "all" else f"{lo}-{lo + _BLOCK.value - 1}"
       rows.append([run, span, str(c.states), str(c.differ), str(c.active),
                    _pct(c.positive_is_action, c.active), _pct(c.positive_named, c.active),
-                   _pct(c.against_reasoning, c.active), _pct(c.after_rejection, c.active)])
+                   _pct(c.against_reasoning, c.active), _pct(c.after_rejection, c.active),
+                   _pct(c.after_rejection_is_action, c.after_rejection)])
   print(results.markdown_table(header, rows))
   if _VERBS.value > 0:
     rows = []

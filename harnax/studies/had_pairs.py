@@ -41,6 +41,7 @@ class PairCounts:
       reasoning names that action (the student did what it reasoned, the term favours
       another action after the same reasoning).
     after_rejection: active pairs at a turn right after a rejected action.
+    after_rejection_is_action: of those, the pairs whose `a⁺` is the student's own action.
   """
 
   states: int = 0
@@ -50,6 +51,7 @@ class PairCounts:
   positive_named: int = 0
   against_reasoning: int = 0
   after_rejection: int = 0
+  after_rejection_is_action: int = 0
 
   def __add__(self, other: PairCounts) -> PairCounts:
     return PairCounts(*(a + b for a, b in zip(dataclasses.astuple(self),
@@ -83,6 +85,7 @@ def summarize(turn_records: Sequence[dict], pair_records: Sequence[dict]) -> Pai
     counts["positive_named"] += had.names_action(reasoning, p["positive"])
     counts["against_reasoning"] += had.against_reasoning(reasoning, action, p["positive"])
     counts["after_rejection"] += bool(p["after_rejection"])
+    counts["after_rejection_is_action"] += bool(p["after_rejection"]) and p["positive"] == action
   return PairCounts(**counts)
 
 

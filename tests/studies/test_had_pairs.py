@@ -38,13 +38,17 @@ PAIRS = [
     # After a rejection; a⁺ not named, the student's "look" is: against.
     _pair(0, 2, "look", "go to fridge 1", "inventory", after=True),
 ]
+# After a rejection, a⁺ the student's own action (turn 3 of episode 1).
+LOG += [_turn(1, 2, "open drawer 1", "I open drawer 1.")]
+PAIRS += [_pair(1, 2, "open drawer 1", "open drawer 1", "go to desk 1", after=True)]
 
 
 def test_pairs_are_counted_against_the_reasoning():
   c = had_pairs.summarize([{"kind": "run"}] + LOG, PAIRS)
-  assert c == had_pairs.PairCounts(states=5, differ=4, active=3, positive_is_action=1,
-                                   positive_named=1, against_reasoning=2, after_rejection=1)
-  assert c + c == had_pairs.PairCounts(*(2 * v for v in (5, 4, 3, 1, 1, 2, 1)))
+  assert c == had_pairs.PairCounts(states=6, differ=5, active=4, positive_is_action=2,
+                                   positive_named=2, against_reasoning=2, after_rejection=2,
+                                   after_rejection_is_action=1)
+  assert c + c == had_pairs.PairCounts(*(2 * v for v in (6, 5, 4, 2, 2, 2, 2, 1)))
   # A reasoning that paraphrases the student's action names nothing: not counted against.
   put = [_turn(0, 0, "move apple 1 to fridge 1", "I put apple 1 in fridge 1.")]
   c = had_pairs.summarize(put, [_pair(0, 0, "move apple 1 to fridge 1", "go to fridge 1",
@@ -53,9 +57,10 @@ def test_pairs_are_counted_against_the_reasoning():
 
 
 def test_verb_pairs_count_the_active_pairs_by_hand():
-  # Active: (go, look), (go, go), (go, inventory); the agreeing and the invalid pair are not.
+  # Active: (go, look), (go, go), (go, inventory), (open, go); the agreeing and the invalid
+  # pair are not.
   assert had_pairs.verb_pairs(PAIRS) == {("go", "look"): 1, ("go", "go"): 1,
-                                         ("go", "inventory"): 1}
+                                         ("go", "inventory"): 1, ("open", "go"): 1}
 
 
 def test_a_pair_without_its_turn_is_refused():
@@ -74,18 +79,19 @@ def test_a_run_is_read_step_by_step(tmp_path):
         "".join(json.dumps(p) + "\n" for p in pairs))
   counts = had_pairs.run_counts(str(tmp_path))
   assert sorted(counts) == [0, 1]
-  assert counts[0].active == 2 and counts[1].active == 1
+  assert counts[0].active == 2 and counts[1].active == 2
   assert counts[0] + counts[1] == had_pairs.summarize(LOG, PAIRS)
   assert had_pairs.run_verb_pairs(str(tmp_path)) == had_pairs.verb_pairs(PAIRS)
   with pytest.raises(ValueError, match="kept no pairs"):
     had_pairs.run_counts(str(tmp_path / "elsewhere"))
   with pytest.raises(ValueError, match="kept no pairs"):
     had_pairs.run_verb_pairs(str(tmp_path / "elsewhere"))
-  # The script: the pairs table, then the verb pairs over both steps (PAIRS' three active
+  # The script: the pairs table, then the verb pairs over both steps (PAIRS' four active
   # pairs, one row each).
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   out = subprocess.run([sys.executable, os.path.join(root, "scripts", "had_pairs.py"),
                         f"--runs={tmp_path}", "--verbs=5"], capture_output=True, text=True,
                        check=True, env={**os.environ, "PYTHONPATH": root}).stdout
   assert "| a⁺ verb / a⁻ verb | active pairs |" in out
-  assert out.count(f"| {tmp_path} | go / ") == 3 and "1/3 (33 %)" in out
+  assert out.count(f"| {tmp_path} | go / ") == 3 and "| open / go | 1/4 (25 %) |" in out
+  assert "| 2/4 (50 %) | 1/2 (50 %) |" in out    # after a rejection; of those, a⁺ = action
