@@ -425,7 +425,14 @@ def test_pairs_against_the_reasoning_leave_the_preference_term(setup, tmp_path):
   assert keep.stats["pairs_against_reasoning"] == drop.stats["pairs_against_reasoning"] == 1
   np.testing.assert_array_equal(keep.valid[:2], [True, True])
   np.testing.assert_array_equal(drop.valid[:2], [False, True])
-  # Everything else the loss reads is the same: L_RD keeps both states.
+  _one_of_two_pairs_dropped(student, cfg, keep, drop, kept=1)
+
+
+def _one_of_two_pairs_dropped(student, cfg, keep, drop, *, kept):
+  """Checks that `drop` is `keep` with the pair of turn `1 - kept` made inactive: every other
+  input of the loss equal, L_RD unchanged, and the preference term by hand from the student's
+  action scores (the dropped pair's state still counts in the term's denominator,
+  `pair_states`, as the pairs the validity filter drops: the kept pair's loss over 2)."""
   for f in ("ids", "attention_mask", "response_mask", "positions", "teacher_logits", "differ"):
     np.testing.assert_array_equal(getattr(keep, f), getattr(drop, f))
   np.testing.assert_array_equal(keep.pairs.ids, drop.pairs.ids)
@@ -436,12 +443,10 @@ def test_pairs_against_the_reasoning_leave_the_preference_term(setup, tmp_path):
   a_keep, a_drop = run(keep), run(drop)
   assert int(a_keep["active_pairs"]) == 2 and int(a_drop["active_pairs"]) == 1
   np.testing.assert_allclose(a_keep["rd"], a_drop["rd"], rtol=1e-6)
-  # By hand from the student's action scores: the dropped pair's state still counts in the
-  # term's denominator (pair_states), so the term is the kept pair's logistic loss over 2.
   pos, neg = (np.asarray(x, np.float64) for x in had.action_means(student, keep.pairs))
   softplus = lambda x: np.log1p(np.exp(x))  # noqa: E731
   np.testing.assert_allclose(a_keep["pref"], softplus(neg[:2] - pos[:2]).sum() / 2, rtol=1e-5)
-  np.testing.assert_allclose(a_drop["pref"], softplus(neg[1] - pos[1]) / 2, rtol=1e-5)
+  np.testing.assert_allclose(a_drop["pref"], softplus(neg[kept] - pos[kept]) / 2, rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -460,20 +465,7 @@ def test_pairs_after_a_rejection_leave_the_preference_term(setup, tmp_path):
   assert [p["valid"] for p in drop.pair_log] == [True, False]
   # Counted whether or not they are dropped, as pairs_against_reasoning.
   assert keep.stats["pairs_after_rejection"] == drop.stats["pairs_after_rejection"] == 1
-  for f in ("ids", "attention_mask", "response_mask", "positions", "teacher_logits", "differ"):
-    np.testing.assert_array_equal(getattr(keep, f), getattr(drop, f))
-  graphdef, params, rest = nnx.split(student, nnx.Param, ...)
-  settings = distill_loop.loss_settings(cfg)
-  run = lambda d: distill_loop.loss_and_grads(graphdef, params, rest,  # noqa: E731
-                                              distill_loop.loss_arrays(d), **settings)[1]
-  a_keep, a_drop = run(keep), run(drop)
-  assert int(a_keep["active_pairs"]) == 2 and int(a_drop["active_pairs"]) == 1
-  np.testing.assert_allclose(a_keep["rd"], a_drop["rd"], rtol=1e-6)
-  # By hand: the first pair's logistic loss over both states (the dropped one stays in the
-  # denominator, as the pairs the validity filter drops).
-  pos, neg = (np.asarray(x, np.float64) for x in had.action_means(student, keep.pairs))
-  softplus = lambda x: np.log1p(np.exp(x))  # noqa: E731
-  np.testing.assert_allclose(a_drop["pref"], softplus(neg[0] - pos[0]) / 2, rtol=1e-5)
+  _one_of_two_pairs_dropped(student, cfg, keep, drop, kept=0)
 
 
 def test_padded_rows_by_hand():
