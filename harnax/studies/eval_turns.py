@@ -38,7 +38,16 @@ _GOAL = re.compile(r"^(?:(?:heat|clean|cool) some (\w+) and put it in|"
 
 
 @dataclasses.dataclass(frozen=True)
-class Progress:
+class _Counts:
+  """Integer counts that add field by field (one evaluation's, then pooled)."""
+
+  def __add__(self, other):
+    return type(self)(*(a + b for a, b in zip(dataclasses.astuple(self),
+                                              dataclasses.astuple(other))))
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress(_Counts):
   """Counts over heat/clean/cool episodes.
 
   Attributes:
@@ -54,22 +63,18 @@ class Progress:
   elsewhere: int = 0
   no_move: int = 0
 
-  def __add__(self, other: "Progress") -> "Progress":
-    return Progress(*(a + b for a, b in zip(dataclasses.astuple(self),
-                                            dataclasses.astuple(other))))
-
 
 @dataclasses.dataclass(frozen=True)
-class Stages:
+class Stages(_Counts):
   """Counts over heat/clean/cool episodes, each stage counted on its own.
 
   Attributes:
     episodes: such episodes; seen: those where an observation showed an object of the goal's
     type ("egg 2"); taken: those where the agent picked one up; carried: those that arrived at
     the transformation's appliance (`APPLIANCES`) after picking one up, or picked it up
-    there; transformed: those
-    whose object was heated/cleaned/cooled; won: those won. take_turns: over the taken
-    episodes, the turns played up to and including the first pick-up (their sum).
+    there; transformed: those whose object was heated/cleaned/cooled; won: those won.
+    take_turns: over the taken episodes, the turns played up to and including the first
+    pick-up (their sum).
   """
   episodes: int = 0
   seen: int = 0
@@ -78,10 +83,6 @@ class Stages:
   transformed: int = 0
   won: int = 0
   take_turns: int = 0
-
-  def __add__(self, other: "Stages") -> "Stages":
-    return Stages(*(a + b for a, b in zip(dataclasses.astuple(self),
-                                          dataclasses.astuple(other))))
 
 
 def _turns(records: Iterable[Mapping]) -> list[Mapping]:
