@@ -40,7 +40,8 @@ def main(argv):
       lo = step - step % _BLOCK.value
       blocks[lo] = blocks.get(lo, had_pairs.PairCounts()) + c
     total = sum(by_step.values(), had_pairs.PairCounts())
-    for lo, c in list(blocks.items()) + [("all", total)]:
+    # One block is already the whole run: no "all" row to repeat it.
+    for lo, c in list(blocks.items()) + ([("all", total)] if len(blocks) > 1 else []):
       span = "all" if lo == "all" else f"{lo}-{lo + _BLOCK.value - 1}"
       rows.append([run, span, str(c.states), str(c.differ), str(c.active),
                    _pct(c.positive_is_action, c.active), _pct(c.positive_named, c.active),

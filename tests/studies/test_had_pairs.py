@@ -95,3 +95,10 @@ def test_a_run_is_read_step_by_step(tmp_path):
   assert "| a⁺ verb / a⁻ verb | active pairs |" in out
   assert out.count(f"| {tmp_path} | go / ") == 3 and "| open / go | 1/4 (25 %) |" in out
   assert "| 2/4 (50 %) | 1/2 (50 %) |" in out    # after a rejection; of those, a⁺ = action
+  # Both steps in one block of 5: that row is the whole run, so no "all" row repeats it; one
+  # update per block gives a row per step and the total.
+  assert f"| {tmp_path} | 0-4 |" in out and f"| {tmp_path} | all |" not in out
+  out = subprocess.run([sys.executable, os.path.join(root, "scripts", "had_pairs.py"),
+                        f"--runs={tmp_path}", "--block=1"], capture_output=True, text=True,
+                       check=True, env={**os.environ, "PYTHONPATH": root}).stdout
+  assert [line.split(" | ")[1] for line in out.splitlines()[2:]] == ["0-0", "1-1", "all"]
